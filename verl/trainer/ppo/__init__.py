@@ -1,0 +1,1 @@
+"""PPO-family algorithms: ``core_algos`` (estimators, losses, KL), ``metric_utils`` and the Ray driver."""
