@@ -58,7 +58,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     if loss_agg_mode == "seq-mean-token-sum":
         return seq_sums.mean()
     if loss_agg_mode == "seq-mean-token-mean":
-        seq_means = seq_sums / (mask.sum(dim=-1) + 1e-8)
+        seq_means = seq_sums / mask.sum(dim=-1).clamp(min=1)  # empty rows count as 0
         return seq_means.mean()
     if loss_agg_mode == "seq-mean-token-sum-norm":
         horizon = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
