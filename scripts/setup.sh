@@ -10,7 +10,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   "$PY" -m venv .venv
 fi
-PIP=".venv/bin/python -m pip"
+PIP="pipq .venv/bin/python -m pip"
+# This machine's pip config lists local index folders that may not exist; drop that noise.
+pipq() { "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; return "${PIPESTATUS[0]}"; }
 STAMP=.venv/.verl-setup-stamp
 WANT_VLLM=1; [ "${VERL_SKIP_VLLM:-0}" = "1" ] && WANT_VLLM=0
 HASH=$(cat requirements.txt requirements-test.txt setup.py scripts/setup.sh | sha256sum | cut -c1-16)-vllm$WANT_VLLM
