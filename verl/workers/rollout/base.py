@@ -1,0 +1,40 @@
+"""The one interface every rollout engine (HF, vLLM, SGLang) implements.
+
+The worker never talks to an engine directly except through these four methods, so swapping
+``actor_rollout_ref.rollout.name`` changes nothing else. The hybrid-engine sharding manager
+(``verl/workers/sharding_manager/fsdp_rollout.py``) drives the weight and memory side
+(``resume`` -> ``update_weights`` -> generate -> ``release_cache``); the worker drives generation.
+
+Output of ``generate_sequences`` (see docs/dev/contracts.md): for ``B`` prompts and ``n`` samples each,
+``B*n`` rows in interleaved order (all samples of prompt 0, then prompt 1, ...), with batch keys
+``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Iterable
+
+import torch
+
+from verl.protocol import DataProto
+
+__all__ = ["BaseRollout"]
+
+
+class BaseRollout(ABC):
+    """A generation engine that lives inside a worker process next to the training engine."""
+
+    @abstractmethod
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample responses for left-padded ``prompts`` (keys ``input_ids``, ``attention_mask``, ``position_ids``)."""
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full (unsharded) tensors, given one at a time under their HF parameter names."""
+
+    def release_cache(self) -> None:
+        """Free generation-time memory (KV cache; GPU engines go to sleep). Default: nothing to free."""
+
+    def resume(self) -> None:
+        """Get ready for a weight push / generation (GPU engines wake up). Default: nothing to do."""

@@ -1,0 +1,214 @@
+"""HFRollout: generation with a plain transformers model, the rollout engine that runs anywhere.
+
+The engine keeps its *own unsharded* copy of the causal LM inside the worker process (loaded from
+``model_path`` with ``rollout.dtype``, or handed in as ``module``) and receives new weights exactly the way
+vLLM does: :meth:`update_weights` takes ``(hf_name, full_tensor)`` pairs streamed by the hybrid-engine
+sharding manager. So the HF and vLLM engines share one weight-handoff path and one set of tests.
+
+Generation is a short sampling loop with a KV cache (no ``model.generate``): it gives us the raw logits of
+every step, no hidden generation-config defaults (``top_k=50``, repetition penalties) and little overhead per
+step, which matters for tiny models on CPU.
+
+``rollout_log_probs`` -- which logprob is reported: ``log_softmax(logits / temperature)`` of the sampled token,
+computed *before* top-k / top-p filtering. That is exactly what the trainer's ``compute_log_prob`` computes
+(it divides the logits by ``meta_info["temperature"]`` and applies no filtering), so the two agree to float
+rounding when the rollout has the actor's weights; the per-step metric ``training/rollout_probs_diff_*``
+relies on this. For greedy decoding (temperature 0) the logprob is taken at temperature 1.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import torch
+import torch.nn as nn
+
+from verl.protocol import DataProto
+
+from .base import BaseRollout
+from .utils import (cfg_get, eos_id_list, filter_logits_top_k_top_p, pad_right, resolve_torch_dtype,
+                    response_mask_from_eos, sampling_params_for)
+
+__all__ = ["HFRollout"]
+
+logger = logging.getLogger(__name__)
+
+# prefixes that wrappers (DDP/FSDP1, torch.compile, checkpoint wrappers) put in front of HF names
+_WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+
+
+def _strip_wrapper_prefixes(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+class HFRollout(BaseRollout):
+    """Sampling with a transformers causal LM.
+
+    Args:
+        config: the ``actor_rollout_ref.rollout`` config (``n``, ``temperature``, ``top_p``, ``top_k``, ``do_sample``,
+            ``response_length``, ``val_kwargs``, ``dtype``, ``ignore_eos``; optional ``micro_batch_size``: rows
+            generated at once, default all).
+        model_path: an HF model directory to load the engine's own copy from.
+        module: an already built (unsharded) ``nn.Module`` to use instead of ``model_path``. verl's old call
+            order ``HFRollout(module, config)`` is accepted too.
+        tokenizer / generation_config: where the default ``eos_token_id`` / ``pad_token_id`` come from when the
+            prompts' ``meta_info`` does not carry them.
+    """
+
+    def __init__(self, config: Any = None, model_path: str | None = None, *, module: nn.Module | None = None,
+                 tokenizer=None, generation_config=None, dtype: Any = None, trust_remote_code: bool = False,
+                 device: str | torch.device = "cpu", **_ignored):
+        if isinstance(config, nn.Module):  # verl's HFRollout(module, config)
+            module, config, model_path = config, model_path, None
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = resolve_torch_dtype(dtype if dtype is not None else cfg_get(config, "dtype", "bfloat16"))
+        if module is None:
+            if model_path is None:
+                raise ValueError("HFRollout needs model_path (an HF model directory) or module")
+            from transformers import AutoModelForCausalLM
+
+            module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype,
+                                                          trust_remote_code=trust_remote_code)
+        else:
+            module = module.to(self.dtype)
+        self.module = module.to(self.device).eval()
+        self.module.requires_grad_(False)
+
+        eos = pad = None
+        for src in (generation_config, getattr(self.module, "generation_config", None), tokenizer,
+                    getattr(self.module, "config", None)):
+            if src is None:
+                continue
+            eos = eos if eos is not None else getattr(src, "eos_token_id", None)
+            pad = pad if pad is not None else getattr(src, "pad_token_id", None)
+        self.eos_token_id = eos
+        self.pad_token_id = pad if pad is not None else (eos_id_list(eos) or [0])[0]
+        self.last_update_stats: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------ weights
+    def _tied_output_embedding(self) -> bool:
+        out = getattr(self.module, "get_output_embeddings", lambda: None)()
+        inp = getattr(self.module, "get_input_embeddings", lambda: None)()
+        return out is not None and inp is not None and out.weight is inp.weight
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors into the engine's model by HF name (dtype cast to the engine's dtype).
+
+        A tied ``lm_head.weight`` (shared with the input embedding) is accepted and written into the shared
+        tensor. Unknown names raise KeyError: a silent partial update would leave the engine stale.
+        """
+        targets = dict(self.module.named_parameters())
+        targets.update(dict(self.module.named_buffers()))
+        tied = self._tied_output_embedding()
+        unknown, count, nbytes = [], 0, 0
+        for name, tensor in named_tensors:
+            key = _strip_wrapper_prefixes(name)
+            target = targets.get(key)
+            if target is None and key == "lm_head.weight" and tied:
+                target = self.module.get_output_embeddings().weight
+            if target is None:
+                if key.endswith("rotary_emb.inv_freq"):
+                    continue
+                unknown.append(name)
+                continue
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, the rollout model expects "
+                                 f"{tuple(target.shape)}")
+            target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+            count += 1
+            nbytes += tensor.numel() * tensor.element_size()
+        if unknown:
+            raise KeyError(f"update_weights: {len(unknown)} tensor names unknown to the rollout model "
+                           f"(first: {unknown[:5]}); the training and rollout models must use the same HF names")
+        self.last_update_stats = {"num_tensors": float(count), "num_bytes": float(nbytes)}
+
+    # --------------------------------------------------------------------------------------- generation
+    @torch.inference_mode()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        meta = dict(prompts.meta_info)
+        params = sampling_params_for(self.config, meta)
+        eos_ids = eos_id_list(meta.get("eos_token_id", self.eos_token_id))
+        if cfg_get(self.config, "ignore_eos", False):
+            eos_ids = []
+        pad_id = meta.get("pad_token_id", self.pad_token_id)
+        pad_id = int(pad_id if pad_id is not None else 0)
+        response_length = int(cfg_get(self.config, "response_length", 512))
+
+        idx = prompts.batch["input_ids"].to(self.device)
+        attn = prompts.batch["attention_mask"].to(self.device)
+        pos = prompts.batch["position_ids"].to(self.device) if "position_ids" in prompts.batch.keys() else (
+            torch.clamp(torch.cumsum(attn, dim=-1) - 1, min=0))
+        n = params["n"]
+        if n > 1:
+            idx, attn, pos = (t.repeat_interleave(n, dim=0) for t in (idx, attn, pos))
+
+        micro = int(cfg_get(self.config, "micro_batch_size", 0) or idx.size(0))
+        responses, logps = [], []
+        for start in range(0, idx.size(0), micro):
+            sl = slice(start, start + micro)
+            r, lp = self._sample(idx[sl], attn[sl], pos[sl], params, eos_ids, pad_id, response_length)
+            responses.append(pad_right(r, response_length, pad_id))
+            logps.append(pad_right(lp, response_length, 0.0))
+        responses = torch.cat(responses, dim=0)
+        rollout_log_probs = torch.cat(logps, dim=0)
+
+        response_mask = response_mask_from_eos(responses, eos_ids, dtype=attn.dtype)
+        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad_id))
+        rollout_log_probs = rollout_log_probs * response_mask.to(rollout_log_probs.dtype)
+        delta = torch.arange(1, response_length + 1, device=pos.device, dtype=pos.dtype).unsqueeze(0)
+        batch = {
+            "prompts": idx,
+            "responses": responses,
+            "input_ids": torch.cat([idx, responses], dim=-1),
+            "attention_mask": torch.cat([attn, response_mask], dim=-1),
+            "position_ids": torch.cat([pos, pos[:, -1:] + delta], dim=-1),
+            "rollout_log_probs": rollout_log_probs.float(),
+        }
+        meta.setdefault("eos_token_id", self.eos_token_id)
+        meta.setdefault("pad_token_id", pad_id)
+        return DataProto.from_dict(tensors={k: v.cpu() for k, v in batch.items()}, meta_info=meta)
+
+    def _sample(self, idx, attn, pos, params, eos_ids, pad_id, max_new_tokens):
+        """Decode up to ``max_new_tokens`` tokens for one micro-batch; returns (tokens, logprobs) (B, T<=max)."""
+        greedy = not params["do_sample"]
+        temperature = 1.0 if greedy else params["temperature"]
+        bsz = idx.size(0)
+        eos_t = torch.tensor(eos_ids, device=idx.device, dtype=idx.dtype) if eos_ids else None
+        finished = torch.zeros(bsz, dtype=torch.bool, device=idx.device)
+        tokens, logps = [], []
+        out = self.module(input_ids=idx, attention_mask=attn, position_ids=pos, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1, :]
+        for step in range(max_new_tokens):
+            scaled = logits.float() / temperature
+            logp_all = torch.log_softmax(scaled, dim=-1)
+            if greedy:
+                tok = torch.argmax(scaled, dim=-1)
+            else:
+                filtered = filter_logits_top_k_top_p(scaled, params["top_k"], params["top_p"])
+                tok = torch.multinomial(torch.softmax(filtered, dim=-1), num_samples=1).squeeze(-1)
+            tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+            lp = torch.gather(logp_all, -1, tok.unsqueeze(-1)).squeeze(-1).masked_fill(finished, 0.0)
+            tokens.append(tok)
+            logps.append(lp)
+            if eos_t is not None:
+                finished = finished | torch.isin(tok, eos_t)
+            if bool(finished.all()) or step == max_new_tokens - 1:
+                break
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
+            pos = pos[:, -1:] + 1
+            out = self.module(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos,
+                              past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[:, -1, :]
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+    # ------------------------------------------------------------------------------------------ memory
+    def release_cache(self) -> None:
+        """The KV cache lives only inside one ``generate_sequences`` call; nothing persists to free."""
+
+    def resume(self) -> None:
+        """Nothing to wake up: the model copy stays resident."""
