@@ -1,0 +1,104 @@
+import os
+import subprocess
+import time
+
+import psutil
+import pytest
+import torch
+
+from verl.workers.reward_manager import NaiveRewardManager, PrimeRewardManager
+
+ROWS = [
+    ("Q1", "#### 8", "openai/gsm8k", "8"),
+    ("Q2", "hang", "openai/gsm8k", "8"),
+    ("Q3", "#### 9", "openai/gsm8k", "8"),
+    ("Q4", "boom", "openai/gsm8k", "8"),
+    ("Q5", "#### 8", "openai/gsm8k", "8"),
+]
+
+
+def misbehaving_scorer(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "hang":
+        time.sleep(60)
+    if solution_str == "boom":
+        raise RuntimeError("scorer exploded")
+    if solution_str == "exit":
+        os._exit(3)
+    return {"score": float(solution_str == f"#### {ground_truth}"), "pid": os.getpid()}
+
+
+def _live_children():
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_prime_matches_naive_with_default_scorer(char_tokenizer, make_batch):
+    rows = [r for r in ROWS if r[1].startswith("####")]
+    data = make_batch(rows)
+    prime = PrimeRewardManager(char_tokenizer, 0, num_processes=2, timeout=30)(data)
+    assert torch.equal(prime, NaiveRewardManager(char_tokenizer, 0)(data))
+    assert prime.sum().item() == 2.0
+
+
+def test_prime_survives_hanging_and_raising_scorers(char_tokenizer, make_batch, response_lengths):
+    data = make_batch(ROWS)
+    mgr = PrimeRewardManager(char_tokenizer, 0, compute_score=misbehaving_scorer, num_processes=2, timeout=1.0)
+    start = time.monotonic()
+    out = mgr(data, return_dict=True)
+    elapsed = time.monotonic() - start
+    assert elapsed < 10, f"a hung scorer must be cut at the timeout, took {elapsed:.1f}s"
+
+    lens = response_lengths(ROWS)
+    scores = [out["reward_tensor"][i, n - 1].item() for i, n in enumerate(lens)]
+    assert scores == [1.0, 0.0, 0.0, 0.0, 1.0]
+    info = out["reward_extra_info"]
+    assert info["reward/timeout_count"] == [0, 1, 0, 0, 0]
+    assert info["reward/error_count"] == [0, 0, 0, 1, 0]
+    assert info["score"] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert all(isinstance(p, int) and p != os.getpid() for i, p in enumerate(info["pid"]) if i in (0, 2, 4))
+    assert out["reward_metrics"] == {"reward/timeout_count": 1, "reward/error_count": 1}
+    assert _live_children() == [], "worker processes must not outlive the call"
+
+    mgr(data)  # counters accumulate across calls
+    assert (mgr.timeout_count, mgr.error_count) == (2, 2)
+
+
+def test_prime_kills_hung_worker_and_its_children(char_tokenizer, make_batch, tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+
+    def spawning_scorer(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "hang":
+            child = subprocess.Popen(["sleep", "60"])
+            pid_file.write_text(str(child.pid))
+            time.sleep(60)
+        return 1.0
+
+    data = make_batch([("Q", "hang", "x", "1"), ("Q", "ok", "x", "1")])
+    out = PrimeRewardManager(char_tokenizer, 0, compute_score=spawning_scorer, num_processes=2,
+                             timeout=1.5)(data, return_dict=True)
+    assert out["reward_extra_info"]["reward/timeout_count"] == [1, 0]
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the hung scorer's subprocess is still running")
+
+
+def test_prime_replaces_a_crashed_worker(char_tokenizer, make_batch):
+    rows = [("Q", "exit", "openai/gsm8k", "8")] + [("Q", "#### 8", "openai/gsm8k", "8")] * 3
+    data = make_batch(rows)
+    out = PrimeRewardManager(char_tokenizer, 0, compute_score=misbehaving_scorer, num_processes=1,
+                             timeout=10)(data, return_dict=True)
+    assert out["reward_extra_info"]["reward/error_count"] == [1, 0, 0, 0]
+    assert out["reward_tensor"].sum().item() == 3.0
+
+
+def test_prime_rejects_bad_timeout(char_tokenizer):
+    with pytest.raises(ValueError, match="timeout"):
+        PrimeRewardManager(char_tokenizer, 0, timeout=0)

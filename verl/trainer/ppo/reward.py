@@ -1,0 +1,169 @@
+"""Building the reward function the PPO trainer calls: custom scorer loading and reward-manager selection.
+
+Config keys (verl's): ``custom_reward_function.{path, name, reward_kwargs}``, ``reward_model.reward_manager``,
+``reward_manager.{source, name, module.path, module.name}``, ``reward_model.reward_kwargs``, ``data.reward_fn_key``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import ray
+
+from verl.utils.reward_score import default_compute_score
+from verl.workers.reward_manager import get_reward_manager_cls
+
+__all__ = ["get_custom_reward_fn", "load_reward_manager", "compute_reward", "compute_reward_async",
+           "load_extern_object"]
+
+
+def _get(config: Any, dotted: str, default: Any = None) -> Any:
+    node = config
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        node = node.get(part, None) if isinstance(node, Mapping) or hasattr(node, "get") else getattr(node, part, None)
+    return default if node is None else node
+
+
+def _to_dict(node: Any) -> dict:
+    if node is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(node, DictConfig):
+            return OmegaConf.to_container(node, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(node)
+
+
+def load_extern_object(path: str, name: str, config_key: str) -> Any:
+    """``name`` from the Python file at ``path`` (imported by path, registered in ``sys.modules``)."""
+    full = os.path.abspath(os.path.expanduser(str(path)))
+    if not os.path.isfile(full):
+        raise FileNotFoundError(f"{config_key}.path: file '{path}' not found (resolved to '{full}'). "
+                                f"Point {config_key}.path at an existing .py file.")
+    module_name = "verl_custom_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(full))[0])
+    spec = importlib.util.spec_from_file_location(module_name, full)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{config_key}.path: cannot import '{full}' as a Python module (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # lets pickle find classes/functions defined in the file
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(module_name, None)
+        raise RuntimeError(f"{config_key}.path: error while importing '{full}': {type(e).__name__}: {e}") from e
+    if not hasattr(module, name):
+        defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
+                         and getattr(v, "__module__", None) == module_name)
+        raise AttributeError(f"{config_key}: '{name}' not found in '{full}'. Callables defined there: "
+                             f"{defined or 'none'}. Set {config_key}.name=<one of them>.")
+    return getattr(module, name)
+
+
+def get_custom_reward_fn(config) -> Callable | None:
+    """The user's scoring function from ``custom_reward_function.path`` / ``.name`` (default
+    ``compute_score``), with ``custom_reward_function.reward_kwargs`` bound; None when no path is set."""
+    path = _get(config, "custom_reward_function.path")
+    if not path:
+        return None
+    name = _get(config, "custom_reward_function.name", "compute_score")
+    fn = load_extern_object(path, name, "custom_reward_function")
+    if not callable(fn):
+        raise TypeError(f"custom_reward_function: '{name}' in '{path}' is a {type(fn).__name__}, not a function")
+    reward_kwargs = _to_dict(_get(config, "custom_reward_function.reward_kwargs"))
+    print(f"using customized reward function '{name}' from '{path}'")
+    return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
+
+
+def _reward_manager_name(config) -> str:
+    explicit = _get(config, "reward_manager.name")
+    legacy = _get(config, "reward_model.reward_manager")
+    if explicit and legacy and explicit != legacy:
+        # reward_manager.name follows reward_model.reward_manager by default; a plain default 'naive' in one
+        # of them means the other was set on purpose.
+        if explicit == "naive":
+            return legacy
+        if legacy == "naive":
+            return explicit
+        raise ValueError(f"reward_manager.name={explicit!r} and reward_model.reward_manager={legacy!r} disagree; "
+                         "set only one of them")
+    return explicit or legacy or "naive"
+
+
+def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
+    """Instantiate the configured reward manager with the custom scorer (or ``default_compute_score``).
+
+    ``reward_kwargs`` (usually ``config.reward_model.reward_kwargs``, which is also read here as a default)
+    go to the manager's constructor, e.g. ``max_resp_len`` / ``overlong_buffer_cfg`` for ``dapo`` or
+    ``num_processes`` / ``timeout`` for ``prime``.
+    """
+    compute_score = get_custom_reward_fn(config) or default_compute_score
+
+    source = _get(config, "reward_manager.source", "register")
+    if source == "register":
+        manager_cls = get_reward_manager_cls(_reward_manager_name(config))
+    elif source == "importlib":
+        path = _get(config, "reward_manager.module.path")
+        if not path:
+            raise ValueError("reward_manager.source=importlib needs reward_manager.module.path=<file.py> "
+                             "(and reward_manager.module.name=<class>)")
+        manager_cls = load_extern_object(path, _get(config, "reward_manager.module.name", "custom_reward_manager"),
+                                         "reward_manager.module")
+    else:
+        raise ValueError(f"reward_manager.source must be 'register' or 'importlib', got {source!r}")
+
+    kwargs = {**_to_dict(_get(config, "reward_model.reward_kwargs")), **reward_kwargs}
+    params = inspect.signature(manager_cls.__init__).parameters
+    if "overlong_buffer_cfg" in params and "overlong_buffer_cfg" not in kwargs:
+        legacy_cfg = _get(config, "reward_model.overlong_buffer")  # recipe/dapo's spelling
+        if legacy_cfg is not None:
+            kwargs["overlong_buffer_cfg"] = _to_dict(legacy_cfg)
+    if "max_resp_len" in params and kwargs.get("max_resp_len") is None:
+        max_len = _get(config, "data.max_response_length")
+        if max_len is not None:
+            kwargs["max_resp_len"] = int(max_len)
+
+    return manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score,
+                       reward_fn_key=_get(config, "data.reward_fn_key", "data_source"), **kwargs)
+
+
+def _accepts_return_dict(reward_fn: Callable) -> bool:
+    try:
+        params = inspect.signature(reward_fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return "return_dict" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def compute_reward(data, reward_fn: Callable) -> tuple[Any, dict[str, list]]:
+    """``(reward_tensor, reward_extra_infos_dict)`` for a batch; works with managers and with plain
+    ``reward_fn(data) -> tensor`` callables."""
+    if _accepts_return_dict(reward_fn):
+        result = reward_fn(data, return_dict=True)
+    else:
+        result = reward_fn(data)
+    if isinstance(result, Mapping):
+        return result["reward_tensor"], dict(result.get("reward_extra_info") or {})
+    return result, {}
+
+
+@ray.remote(num_cpus=1)
+def compute_reward_async(data, config=None, tokenizer=None, reward_fn=None):
+    """Ray task version of :func:`compute_reward` (``reward_model.launch_reward_fn_async=True``): overlaps
+    scoring with the log-prob computation. Builds the manager from ``config`` when ``reward_fn`` is None."""
+    if reward_fn is None:
+        if config is None or tokenizer is None:
+            raise ValueError("compute_reward_async needs reward_fn, or config and tokenizer to build one")
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
+    return compute_reward(data, reward_fn)

@@ -1,0 +1,141 @@
+"""Rule-based answer scorers and the default dispatch by ``data_source``.
+
+``default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)`` is what the
+reward managers call when no ``custom_reward_function.path`` is configured. It returns a float, or a dict
+with a ``"score"`` float plus extra keys (which the reward managers report as ``reward_extra_info``).
+
+Adding a data source is one decorated function::
+
+    from verl.utils.reward_score import register_score_fn
+
+    @register_score_fn("my_org/my_dataset")
+    def _score_my_dataset(solution_str, ground_truth, extra_info=None, **kwargs):
+        return 1.0 if solution_str.strip().endswith(ground_truth) else 0.0
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+__all__ = ["default_compute_score", "register_score_fn", "get_score_fn", "supported_data_sources",
+           "UnknownDataSourceError"]
+
+ScoreFn = Callable[..., Any]
+_SCORE_FNS: dict[str, ScoreFn] = {}
+
+MATH_DATA_SOURCES = (
+    "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
+    "numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
+    "numina_cn_k12", "numina_olympiads",
+)
+
+
+class UnknownDataSourceError(NotImplementedError):
+    """No built-in scorer for a data_source (verl raises NotImplementedError here; this is a subclass)."""
+
+
+def register_score_fn(*data_sources: str) -> Callable[[ScoreFn], ScoreFn]:
+    """Register ``fn(solution_str, ground_truth, extra_info=None, **kwargs)`` for the given data sources."""
+    if not data_sources:
+        raise ValueError("register_score_fn needs at least one data_source name")
+
+    def decorator(fn: ScoreFn) -> ScoreFn:
+        for name in data_sources:
+            _SCORE_FNS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_score_fn(data_source: str) -> ScoreFn | None:
+    return _SCORE_FNS.get(str(data_source))
+
+
+def supported_data_sources() -> list[str]:
+    return sorted(_SCORE_FNS)
+
+
+# ---------------------------------------------------------------------------------------------- built-ins
+# Scorer modules are imported when first used so that importing this package stays cheap.
+
+@register_score_fn("openai/gsm8k")
+def _score_gsm8k(solution_str, ground_truth, extra_info=None, method="strict", format_score=0.0, score=1.0):
+    from verl.utils.reward_score import gsm8k
+    return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score)
+
+
+@register_score_fn(*MATH_DATA_SOURCES)
+def _score_math(solution_str, ground_truth, extra_info=None, use_math_verify=True):
+    """String-normalised MATH equivalence first (fast, exact); if that fails, symbolic equivalence of
+    the boxed answer with math-verify (catches ``2/4`` vs ``0.5``, reordered sets, ...)."""
+    from verl.utils.reward_score import math as math_score
+    if math_score.compute_score(solution_str, ground_truth) == 1.0:
+        return 1.0
+    answer = math_score.extract_answer(solution_str)
+    if answer is None or not use_math_verify:
+        return 0.0
+    try:
+        from verl.utils.reward_score import math_verify
+    except ImportError:  # pragma: no cover - math-verify is in requirements.txt
+        return 0.0
+    return math_verify.compute_score("\\boxed{" + answer + "}", str(ground_truth))
+
+
+@register_score_fn("arithmetic")
+def _score_arithmetic(solution_str, ground_truth, extra_info=None):
+    from verl.utils.reward_score.arithmetic import compute_score
+    return compute_score(solution_str, ground_truth)
+
+
+@register_score_fn("countdown")
+def _score_countdown(solution_str, ground_truth, extra_info=None, format_score=0.1, score=1.0):
+    from verl.utils.reward_score import countdown
+    return countdown.compute_score(solution_str, ground_truth, format_score=format_score, score=score)
+
+
+@register_score_fn("gsm_symbolic")
+def _score_gsm_symbolic(solution_str, ground_truth, extra_info=None, format_score=0.0, score=1.0):
+    from verl.utils.reward_score import gsm_symbolic
+    return gsm_symbolic.compute_score(solution_str, ground_truth, format_score=format_score, score=score)
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+
+def _accepted_kwargs(fn: ScoreFn, kwargs: dict) -> dict:
+    """The subset of ``kwargs`` that ``fn`` accepts (verl passes sandbox options every scorer ignores)."""
+    if not kwargs:
+        return {}
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs)
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _as_score(result: Any) -> float | dict:
+    if isinstance(result, dict):
+        if "score" not in result:
+            raise ValueError(f"a scorer returned a dict without a 'score' key: {sorted(result)}")
+        return {**result, "score": float(result["score"])}
+    if isinstance(result, (list, tuple)):
+        return float(result[0])
+    return float(result)
+
+
+def default_compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float | dict:
+    """Score one response with the built-in scorer for ``data_source``.
+
+    Raises ``UnknownDataSourceError`` (a ``NotImplementedError``) naming the data_source, the supported
+    ones, and how to plug in your own function.
+    """
+    fn = get_score_fn(data_source)
+    if fn is None:
+        raise UnknownDataSourceError(
+            f"No built-in reward function for data_source={str(data_source)!r}. "
+            f"Supported data sources: {', '.join(supported_data_sources())}. "
+            "To score other data, write a Python file with "
+            "`def compute_score(data_source, solution_str, ground_truth, extra_info=None): ...` and pass "
+            "`custom_reward_function.path=/path/to/file.py` (and `custom_reward_function.name=<function>` if it "
+            "is not called compute_score). See docs/custom_reward.md."
+        )
+    return _as_score(fn(solution_str, ground_truth, extra_info=extra_info, **_accepted_kwargs(fn, kwargs)))
