@@ -20,7 +20,7 @@ import ray
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import get_reward_manager_cls
 
-__all__ = ["get_custom_reward_fn", "load_reward_manager", "compute_reward", "compute_reward_async",
+__all__ = ["CustomRewardFunction", "get_custom_reward_fn", "load_reward_manager", "compute_reward", "compute_reward_async",
            "load_extern_object"]
 
 
@@ -71,6 +71,31 @@ def load_extern_object(path: str, name: str, config_key: str) -> Any:
     return getattr(module, name)
 
 
+class CustomRewardFunction:
+    """A scoring function loaded from a file, with ``reward_kwargs`` bound.
+
+    Pickles as (path, name, kwargs) and re-imports the file on the other side, so the reward manager holding
+    it can be shipped to Ray tasks or spawned worker processes where the file was never imported.
+    """
+
+    def __init__(self, path: str, name: str, reward_kwargs: dict | None = None) -> None:
+        self.path, self.name, self.reward_kwargs = path, name, dict(reward_kwargs or {})
+        fn = load_extern_object(path, name, "custom_reward_function")
+        if not callable(fn):
+            raise TypeError(f"custom_reward_function: '{name}' in '{path}' is a {type(fn).__name__}, not a function")
+        self._fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        return self._fn(*args, **{**self.reward_kwargs, **kwargs})
+
+    def __reduce__(self):
+        return (CustomRewardFunction, (self.path, self.name, self.reward_kwargs))
+
+    def __repr__(self) -> str:
+        return f"CustomRewardFunction({self.path!r}, {self.name!r}, reward_kwargs={self.reward_kwargs})"
+
+
 def get_custom_reward_fn(config) -> Callable | None:
     """The user's scoring function from ``custom_reward_function.path`` / ``.name`` (default
     ``compute_score``), with ``custom_reward_function.reward_kwargs`` bound; None when no path is set."""
@@ -78,12 +103,9 @@ def get_custom_reward_fn(config) -> Callable | None:
     if not path:
         return None
     name = _get(config, "custom_reward_function.name", "compute_score")
-    fn = load_extern_object(path, name, "custom_reward_function")
-    if not callable(fn):
-        raise TypeError(f"custom_reward_function: '{name}' in '{path}' is a {type(fn).__name__}, not a function")
-    reward_kwargs = _to_dict(_get(config, "custom_reward_function.reward_kwargs"))
+    fn = CustomRewardFunction(str(path), str(name), _to_dict(_get(config, "custom_reward_function.reward_kwargs")))
     print(f"using customized reward function '{name}' from '{path}'")
-    return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
+    return fn
 
 
 def _reward_manager_name(config) -> str:
