@@ -79,7 +79,12 @@ def _deep_equal(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return False
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or torch.allclose(a, b, 0, 0, True))
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+            return False
+        if torch.equal(a, b):
+            return True
+        same_nans = torch.equal(a.isnan(), b.isnan()) if a.is_floating_point() else False
+        return bool(same_nans and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a_arr, b_arr = np.asarray(a), np.asarray(b)
         if a_arr.shape != b_arr.shape:
@@ -175,6 +180,13 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size():
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def _take_rows(batch: TensorDict | None, index: torch.Tensor) -> TensorDict | None:
+    """``batch[index]`` with the index moved to the batch's device first."""
+    if batch is None:
+        return None
+    return batch[index.to(batch.device) if batch.device is not None else index]
 
 
 def _split_sizes(total: int, chunks: int) -> list[int]:
@@ -378,7 +390,7 @@ class DataProto:
         else:
             idx_t = idx_t.long().reshape(-1)
         idx_np = idx_t.numpy()
-        batch = self.batch[idx_t.to(self.batch.device) if self.batch.device else idx_t] if self.batch is not None else None
+        batch = _take_rows(self.batch, idx_t)
         non_tensor = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
         return self._new(batch, non_tensor)
 
@@ -502,11 +514,8 @@ class DataProto:
         n = len(self)
         index = (torch.arange(n).repeat_interleave(repeat_times) if interleave
                  else torch.arange(n).repeat(repeat_times))
-        batch = None
-        if self.batch is not None:
-            batch = self.batch[index.to(self.batch.device) if self.batch.device else index]
         idx_np = index.numpy()
-        return self._new(batch, {k: v[idx_np] for k, v in self.non_tensor_batch.items()})
+        return self._new(_take_rows(self.batch, index), {k: v[idx_np] for k, v in self.non_tensor_batch.items()})
 
     def sample_level_repeat(self, repeat_times) -> "DataProto":
         """Row ``i`` repeated ``repeat_times[i]`` times (consecutively)."""
@@ -518,8 +527,7 @@ class DataProto:
     def reorder(self, indices) -> None:
         """Permute rows in place (e.g. after sequence-length balancing)."""
         idx = torch.as_tensor(np.asarray(indices) if not isinstance(indices, torch.Tensor) else indices).long()
-        if self.batch is not None:
-            self.batch = self.batch[idx.to(self.batch.device) if self.batch.device else idx]
+        self.batch = _take_rows(self.batch, idx)
         idx_np = idx.cpu().numpy()
         self.non_tensor_batch = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
 
