@@ -1,0 +1,189 @@
+"""The hybrid-engine handoff: FSDP2 training shards -> the rollout engine living in the same process.
+
+Use::
+
+    manager = FSDPRolloutShardingManager(actor_fsdp_module, rollout)
+    ...
+    manager.bump_weight_version()          # after every optimizer step / checkpoint load
+    with manager:                          # pushes the new weights (once per version), wakes the engine
+        out = rollout.generate_sequences(prompts)
+                                           # on exit: rollout.release_cache()
+
+The push streams the actor's full HF-named tensors *one at a time* (``DTensor.full_tensor()`` per parameter,
+so at most one unsharded parameter exists beyond the engine's own copy) into ``rollout.update_weights``. It is
+a collective: every rank of the actor's mesh must enter the manager together, which the worker's
+data-parallel dispatch guarantees. LoRA actors are merged on the fly (``W + scale * B @ A``) and the PEFT
+prefixes stripped, so the engine always sees plain HF names.
+
+``timing`` holds ``update_weights`` (seconds, 0 when no push was needed) after each ``__enter__``.
+
+For tests of the correctness metric there is a deliberate fault switch: ``skip_weight_sync=True`` or the
+env ``VERL_DEBUG_SKIP_WEIGHT_SYNC=1`` never pushes weights, leaving the engine stale after the first update
+(``training/rollout_probs_diff_*`` must then show it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Callable, Iterable, Iterator
+
+import torch
+import torch.nn as nn
+
+from verl.workers.rollout.base import BaseRollout
+
+from .base import BaseShardingManager
+
+__all__ = ["FSDPRolloutShardingManager", "iter_hf_named_tensors", "merge_lora_stream"]
+
+logger = logging.getLogger(__name__)
+
+SKIP_SYNC_ENV = "VERL_DEBUG_SKIP_WEIGHT_SYNC"
+_PEFT_PREFIX = "base_model.model."
+_LORA_RE = re.compile(r"^(?P<mod>.+)\.lora_(?P<ab>[AB])\.(?P<adapter>[^.]+)\.weight$")
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    full_tensor = getattr(t, "full_tensor", None)
+    return full_tensor() if callable(full_tensor) else t
+
+
+def _fallback_full_state_iter(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """One full tensor per state-dict entry (DTensor shards gathered one at a time)."""
+    for name, tensor in module.state_dict().items():
+        yield name, _full(tensor).detach()
+
+
+def _engine_full_state_iter() -> Callable | None:
+    try:
+        from verl.utils import fsdp_utils
+    except ImportError:
+        return None
+    return getattr(fsdp_utils, "iter_full_state_dict", None)
+
+
+def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scaling: dict[str, float] | float) -> Iterator[
+        tuple[str, torch.Tensor]]:
+    """Turn a PEFT LoRA state stream into plain HF names with the adapters merged into the base weights.
+
+    ``x.base_layer.weight`` is held until its ``lora_A`` / ``lora_B`` arrive (state-dict order keeps them
+    adjacent), then ``W + scaling * B @ A`` is yielded as ``x.weight``. ``scaling`` is ``lora_alpha / r``,
+    per adapter name or one float.
+    """
+    pending: dict[str, dict] = {}
+    for name, tensor in named:
+        if name.startswith(_PEFT_PREFIX):
+            name = name[len(_PEFT_PREFIX):]
+        m = _LORA_RE.match(name)
+        if m is not None:
+            entry = pending.setdefault(m["mod"], {})
+            entry[m["ab"]] = tensor
+            entry["adapter"] = m["adapter"]
+        elif name.endswith(".base_layer.weight"):
+            pending.setdefault(name[: -len(".base_layer.weight")], {})["W"] = tensor
+        elif ".base_layer." in name:
+            yield name.replace(".base_layer.", "."), tensor
+            continue
+        else:
+            yield name, tensor
+            continue
+        mod = m["mod"] if m is not None else name[: -len(".base_layer.weight")]
+        entry = pending[mod]
+        if {"W", "A", "B"} <= entry.keys():
+            scale = scaling[entry["adapter"]] if isinstance(scaling, dict) else scaling
+            w = entry["W"]
+            merged = (w.float() + scale * (entry["B"].float() @ entry["A"].float())).to(w.dtype)
+            del pending[mod]
+            yield f"{mod}.weight", merged
+    if pending:
+        raise RuntimeError(f"LoRA merge: incomplete adapter tensors for {sorted(pending)[:3]}")
+
+
+def _lora_scaling(module: nn.Module) -> dict[str, float] | None:
+    peft_config = getattr(module, "peft_config", None)
+    if not peft_config:
+        return None
+    return {name: float(cfg.lora_alpha) / float(cfg.r) for name, cfg in peft_config.items()}
+
+
+def iter_hf_named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream the module's full weights under HF names (LoRA merged), one tensor at a time."""
+    engine_iter = _engine_full_state_iter()
+    stream = engine_iter(module) if engine_iter is not None else _fallback_full_state_iter(module)
+    scaling = _lora_scaling(module)
+    if scaling is not None:
+        stream = merge_lora_stream(stream, scaling)
+    for name, tensor in stream:
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        yield name, tensor
+
+
+class FSDPRolloutShardingManager(BaseShardingManager):
+    """Pushes the FSDP actor's weights into a :class:`BaseRollout` when they changed; see the module docstring.
+
+    Args:
+        module: the (FSDP2-sharded or plain) actor module.
+        rollout: the engine.
+        full_state_iter: optional override for the tensor stream (``module -> iterator of (name, tensor)``).
+        skip_weight_sync: fault switch for tests (also env ``VERL_DEBUG_SKIP_WEIGHT_SYNC=1``).
+    """
+
+    def __init__(self, module: nn.Module, rollout: BaseRollout, *, full_state_iter: Callable | None = None,
+                 device_mesh=None, offload_param: bool = False, skip_weight_sync: bool | None = None, **_ignored):
+        self.module = module
+        self.rollout = rollout
+        self.device_mesh = device_mesh
+        self.offload_param = offload_param
+        self.full_state_iter = full_state_iter or iter_hf_named_tensors
+        if skip_weight_sync is None:
+            skip_weight_sync = os.environ.get(SKIP_SYNC_ENV, "0").lower() in ("1", "true", "yes")
+        self.skip_weight_sync = skip_weight_sync
+        self.weight_version = 0
+        self._pushed_version: int | None = None  # None: never pushed, so the first entry pushes
+        self.timing: dict[str, float] = {}
+        self.num_pushes = 0
+
+    # verl's old private name for the fault switch
+    @property
+    def _skip_weight_sync_for_test(self) -> bool:
+        return self.skip_weight_sync
+
+    @_skip_weight_sync_for_test.setter
+    def _skip_weight_sync_for_test(self, value: bool) -> None:
+        self.skip_weight_sync = bool(value)
+
+    def bump_weight_version(self) -> int:
+        """Record that the actor's weights changed (optimizer step, checkpoint load)."""
+        self.weight_version += 1
+        return self.weight_version
+
+    @property
+    def weights_stale(self) -> bool:
+        return self._pushed_version != self.weight_version
+
+    def sync_weights(self) -> float:
+        """Push now (regardless of the version); returns the seconds it took."""
+        start = time.perf_counter()
+        self.rollout.update_weights(self.full_state_iter(self.module))
+        self.num_pushes += 1
+        return time.perf_counter() - start
+
+    def __enter__(self):
+        self.timing = {"update_weights": 0.0}
+        self.rollout.resume()
+        if self.weights_stale:
+            if self.skip_weight_sync:
+                logger.warning("%s is set: NOT pushing actor weights (version %d) into the rollout engine",
+                               SKIP_SYNC_ENV, self.weight_version)
+            else:
+                self.timing["update_weights"] = self.sync_weights()
+            self._pushed_version = self.weight_version
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.rollout.release_cache()
+        return False
