@@ -1,0 +1,239 @@
+"""Ray resources for worker groups: placement groups per pool, and deferred actor construction.
+
+CPU accounting. Every worker process gets one placement-group bundle. On an accelerator machine a
+bundle is ``{"CPU": c, "GPU": 1}`` (resource name from ``verl.utils.device``); on CPU it is
+``{"CPU": c}``. ``c`` is ``num_cpus_per_process`` when given, otherwise ``min(1, free CPUs / processes)``
+measured when the pool is created, so ``ray.init(num_cpus=2)`` with a 2-process pool fits exactly and
+``ray.init(num_cpus=100)`` does not hand 50 logical CPUs to each process. (ResourcePoolManager passes
+an explicit share computed over all its pools.) Several worker groups may share one pool
+(``max_colocate_count``): each actor then asks for ``c / max_colocate_count`` of its bundle.
+
+Threads. A worker's compute thread count is its CPU share bounded by the node's real cores divided by
+the pool's processes on that node, at least 1; it reaches the worker as ``VERL_NUM_THREADS`` and
+``OMP_NUM_THREADS``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from verl.single_controller.base import ClassWithInitArgs, ResourcePool
+from verl.utils.device import get_ray_resource_name
+
+PG_READY_TIMEOUT_S = float(os.environ.get("VERL_PG_READY_TIMEOUT_S", "60"))
+
+
+def _free_cpus() -> float:
+    return float(ray.available_resources().get("CPU", 0.0))
+
+
+def _fmt_resources(res: dict) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(res.items()) if not k.startswith("node:") and "_group_" not in k)
+
+
+class RayResourcePool(ResourcePool):
+    """A set of Ray placement groups (one per node entry) holding one bundle per worker process."""
+
+    def __init__(
+        self,
+        process_on_nodes: list[int] | None = None,
+        use_gpu: bool = True,
+        name_prefix: str | None = None,
+        max_colocate_count: int = 10,
+        detached: bool = False,
+        accelerator_type: str | None = None,
+        num_cpus_per_process: float | None = None,
+    ) -> None:
+        super().__init__(process_on_nodes, max_colocate_count)
+        accel = get_ray_resource_name()
+        if use_gpu and accel is None:
+            # verl's default is use_gpu=True; on a CPU-only machine that means "one process per bundle".
+            use_gpu = False
+        self.use_gpu = use_gpu
+        self.accelerator_resource = accel if use_gpu else None
+        self.name_prefix = name_prefix or ""
+        self.detached = detached
+        self.accelerator_type = accelerator_type
+        if num_cpus_per_process is not None and num_cpus_per_process <= 0:
+            raise ValueError(f"num_cpus_per_process={num_cpus_per_process} must be > 0")
+        self.num_cpus_per_process = num_cpus_per_process
+        self.pgs: list[PlacementGroup] | None = None
+
+    # -- sizing ------------------------------------------------------------------------------
+    def _bundle(self) -> dict:
+        if self.num_cpus_per_process is None:
+            free = _free_cpus()
+            share = min(1.0, free / max(1, self.world_size))
+            if share < 0.01:
+                raise RuntimeError(
+                    f"RayResourcePool{self.store}: only {free:g} free CPUs in the Ray cluster for "
+                    f"{self.world_size} worker processes. Start Ray with more CPUs (ray.init(num_cpus=...)), "
+                    f"free other pools (RayResourcePool.remove()), or pass num_cpus_per_process=<fraction>."
+                )
+            self.num_cpus_per_process = math.floor(share * 1000) / 1000
+        bundle = {"CPU": self.num_cpus_per_process}
+        if self.accelerator_resource:
+            bundle[self.accelerator_resource] = 1
+        if self.accelerator_type:
+            bundle[f"accelerator_type:{self.accelerator_type}"] = 0.001
+        return bundle
+
+    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None) -> list[PlacementGroup]:
+        """Create (once) and return the placement groups, one per node entry, waiting until ready."""
+        if self.pgs is not None:
+            return self.pgs
+        bundle = self._bundle()
+        self._check_feasible(bundle, strategy)
+        prefix = name or self.name_prefix or f"verl_pool_{id(self):x}"
+        lifetime = "detached" if self.detached else None
+        pgs = [
+            placement_group(
+                bundles=[dict(bundle) for _ in range(n)],
+                strategy=strategy,
+                name=f"{prefix}_pg{i}",
+                lifetime=lifetime,
+            )
+            for i, n in enumerate(self._store)
+        ]
+        try:
+            ray.get([pg.ready() for pg in pgs], timeout=PG_READY_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            for pg in pgs:
+                remove_placement_group(pg)
+            raise self._error(bundle, strategy, f"not free within {PG_READY_TIMEOUT_S:g}s") from None
+        self.pgs = pgs
+        return pgs
+
+    def _error(self, bundle: dict, strategy: str, why: str) -> RuntimeError:
+        return RuntimeError(
+            f"RayResourcePool(process_on_nodes={self.store}) could not reserve {self.world_size} bundles of "
+            f"{{{_fmt_resources(bundle)}}} ({why}; strategy {strategy}: each node entry must fit on one node). "
+            f"Cluster total: {{{_fmt_resources(ray.cluster_resources())}}}; free now: "
+            f"{{{_fmt_resources(ray.available_resources())}}}. Lower process_on_nodes / num_cpus_per_process, "
+            f"free other pools (RayResourcePool.remove()), or start Ray with more resources."
+        )
+
+    def _check_feasible(self, bundle: dict, strategy: str) -> None:
+        """Fail at once when no node could ever hold a node entry (Ray would wait forever)."""
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive", True)]
+        for count in self._store:
+            if not any(all(res.get(k, 0) + 1e-9 >= v * count for k, v in bundle.items()) for res in nodes):
+                raise self._error(bundle, strategy, f"no node has room for {count} of them")
+
+    def thread_share(self, node_cores: int, procs_on_node: int) -> int:
+        share = self.num_cpus_per_process or 1.0
+        return max(1, min(int(share), node_cores // max(1, procs_on_node)))
+
+    def remove(self) -> None:
+        """Release the placement groups (kills the actors placed in them); the pool can be rebuilt."""
+        for pg in self.pgs or []:
+            try:
+                remove_placement_group(pg)
+            except Exception as err:  # already gone
+                warnings.warn(f"removing placement group failed: {err}", stacklevel=2)
+        self.pgs = None
+
+
+def node_ip_of_bundle(pg: PlacementGroup, bundle_index: int) -> str | None:
+    node_id = ray.util.placement_group_table(pg)["bundles_to_node_id"].get(bundle_index)
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return node["NodeManagerAddress"]
+    return None
+
+
+def node_cores(node_ip: str | None) -> int:
+    """Real cores of a node: this machine's count if it is the driver's node, else Ray's CPU total."""
+    if node_ip is None or node_ip == ray.util.get_node_ip_address():
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for node in ray.nodes():
+        if node["NodeManagerAddress"] == node_ip and node.get("Alive", True):
+            return int(node["Resources"].get("CPU", 1))
+    return 1
+
+
+@ray.remote(num_cpus=0)
+def _pick_port_on_node() -> tuple[str, int]:
+    from verl.single_controller.base.worker import get_free_port
+
+    return ray.util.get_node_ip_address(), get_free_port()
+
+
+def pick_master_addr_port(pg: PlacementGroup, bundle_index: int = 0) -> tuple[str, str]:
+    """Rank 0's node address and a port free there (asked on that node when it is not this one)."""
+    from verl.single_controller.base.worker import get_free_port
+
+    ip = node_ip_of_bundle(pg, bundle_index)
+    if ip is None or ip == ray.util.get_node_ip_address():
+        return ip or ray.util.get_node_ip_address(), str(get_free_port())
+    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+        node_id=ray.util.placement_group_table(pg)["bundles_to_node_id"][bundle_index], soft=False
+    )
+    addr, port = ray.get(_pick_port_on_node.options(scheduling_strategy=strategy).remote())
+    return addr, str(port)
+
+
+class RayClassWithInitArgs(ClassWithInitArgs):
+    """A worker class and its constructor arguments, plus the Ray actor options to start it with."""
+
+    def __init__(self, cls, *args, **kwargs) -> None:
+        super().__init__(cls, *args, **kwargs)
+        self._options: dict = {}
+        self._additional_resource: dict = {}
+
+    def set_additional_resource(self, additional_resource: dict) -> None:
+        """Extra custom Ray resources each actor asks for (e.g. ``{"my_node_label": 0.01}``)."""
+        self._additional_resource = dict(additional_resource)
+
+    def update_options(self, options: dict) -> None:
+        """Extra ``.options(...)`` for every actor (runtime_env is merged, env vars included)."""
+        self._options.update(options)
+
+    def _remote_cls(self):
+        cls = self.cls
+        return cls if hasattr(cls, "options") and hasattr(cls, "remote") else ray.remote(cls)
+
+    def create_actor(self, options: dict, env_vars: dict | None = None):
+        """Start one actor with ``options`` (scheduling, resources, name) and extra ``env_vars``."""
+        merged = dict(self._options)
+        merged.update(options)
+        runtime_env = dict(self._options.get("runtime_env") or {})
+        env = dict(runtime_env.get("env_vars") or {})
+        env.update(env_vars or {})
+        if env:
+            runtime_env["env_vars"] = env
+        if runtime_env:
+            merged["runtime_env"] = runtime_env
+        if self._additional_resource:
+            resources = dict(merged.get("resources") or {})
+            resources.update(self._additional_resource)
+            merged["resources"] = resources
+        return self._remote_cls().options(**merged).remote(*self.args, **self.kwargs)
+
+    def __call__(
+        self,
+        placement_group=None,
+        placement_group_bundle_idx=None,
+        use_gpu: bool = False,
+        num_gpus: float = 1,
+        sharing_with=None,
+        **options,
+    ):
+        """verl-style direct construction of one actor (worker groups use ``create_actor``)."""
+        opts = dict(options)
+        if placement_group is not None:
+            opts["scheduling_strategy"] = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
+                placement_group=placement_group, placement_group_bundle_index=placement_group_bundle_idx
+            )
+        if use_gpu and get_ray_resource_name():
+            name = get_ray_resource_name()
+            if name == "GPU":
+                opts["num_gpus"] = num_gpus
+            else:
+                opts["resources"] = {name: num_gpus}
+        return self.create_actor(opts)

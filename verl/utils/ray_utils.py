@@ -1,0 +1,57 @@
+"""Small Ray helpers for local (single machine) runs.
+
+``init_local_ray`` starts a private Ray instance that listens on the loopback interface only, with
+the dashboard, token auth and usage stats off: the setting every test, example and laptop run wants.
+Multi-node users call ``ray.init(address=...)`` themselves; these helpers do not touch that path.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+
+_LOCAL_ENV_DEFAULTS = {
+    # Ray 2.60 turns on token auth and writes a token under $HOME; a private local instance needs neither.
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def init_local_ray(num_cpus: int | None = None, **kwargs: Any):
+    """Start (or reuse) a loopback-only Ray instance and return ``ray.init``'s context.
+
+    Args:
+        num_cpus: logical CPUs Ray may hand out; ``None`` lets Ray count the machine's cores.
+        **kwargs: passed to ``ray.init``. ``include_dashboard`` defaults to False,
+            ``_node_ip_address`` to ``127.0.0.1``; ``runtime_env`` and the rest pass through.
+
+    The environment defaults (``RAY_AUTH_MODE=disabled``, no usage stats) are only set when the
+    caller has not set them, so an explicit choice in the shell wins.
+    """
+    for key, value in _LOCAL_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if ray.is_initialized():
+        return None
+    kwargs.setdefault("include_dashboard", False)
+    kwargs.setdefault("_node_ip_address", "127.0.0.1")
+    kwargs.setdefault("ignore_reinit_error", True)
+    return ray.init(num_cpus=num_cpus, **kwargs)
+
+
+def parallel_put(data_list: list[Any], max_workers: int | None = None) -> list["ray.ObjectRef"]:
+    """``ray.put`` every item of ``data_list`` using a thread pool; refs come back in input order.
+
+    Serialising many large objects one by one is the slow part of handing a batch to workers;
+    threads overlap the copies into the object store (pickling releases the GIL for tensors).
+    """
+    if not data_list:
+        return []
+    if max_workers is None:
+        max_workers = min(len(data_list), 16)
+    if max_workers < 1:
+        raise ValueError(f"parallel_put: max_workers={max_workers} must be >= 1")
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        return list(pool.map(ray.put, data_list))
