@@ -194,3 +194,28 @@ def test_pf_ppo_resamples_batch_with_gae():
     # max_min keeps only the best and worst responses
     assert set(scores.tolist()) <= {original.max().item(), original.min().item()}
     assert "advantages" in out.batch.keys() and out.batch["advantages"].shape == data.batch["advantages"].shape
+
+
+def test_compute_rewards_k1_shaping():
+    lp, ref = logprob_pair(seed=9)
+    scores = torch.ones_like(lp)
+    out = ca.compute_rewards(scores, lp, ref, kl_ratio=0.3)
+    a, b = tolist(lp), tolist(ref)
+    for i in range(lp.shape[0]):
+        for t in range(lp.shape[1]):
+            assert out[i, t].item() == pytest.approx(1.0 - 0.3 * (a[i][t] - b[i][t]), abs=1e-12)
+
+
+def test_every_public_name_importable_from_core_algos():
+    import verl.trainer.ppo.core_algos as mod
+
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
+    from verl.trainer.ppo.core_algos import (  # noqa: F401
+        ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, AdaptiveKLController, AdvantageEstimator, FixedKLController,
+        agg_loss, apply_kl_penalty, compute_advantage, compute_entropy_loss, compute_gae_advantage_return,
+        compute_gpg_outcome_advantage, compute_grpo_outcome_advantage, compute_grpo_passk_outcome_advantage,
+        compute_opo_outcome_advantage, compute_policy_loss, compute_reinforce_plus_plus_baseline_outcome_advantage,
+        compute_reinforce_plus_plus_outcome_advantage, compute_remax_outcome_advantage, compute_rloo_outcome_advantage,
+        compute_value_loss, get_adv_estimator_fn, get_kl_controller, get_policy_loss_fn, kl_penalty, register_adv_est,
+        register_policy_loss)

@@ -35,7 +35,14 @@ from verl.utils import torch_functional as verl_F
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
-__all__ = [*_adv_all, *_loss_all, *_kl_all, "compute_advantage", "apply_kl_penalty", "compute_pf_ppo_reweight_data"]
+__all__ = [*_adv_all, *_loss_all, *_kl_all, "compute_advantage", "apply_kl_penalty", "compute_pf_ppo_reweight_data",
+           "compute_rewards"]
+
+
+def compute_rewards(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+                    kl_ratio: float) -> torch.Tensor:
+    """KL-shaped token rewards with the k1 estimator: r_t = score_t - kl_ratio * (log pi_old - log pi_ref)."""
+    return token_level_scores - kl_ratio * (old_log_prob - ref_log_prob)
 
 
 def _response_mask(data: "DataProto") -> torch.Tensor:
