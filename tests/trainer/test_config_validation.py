@@ -1,0 +1,139 @@
+"""Bad configs fail before Ray starts: one clear message naming the key, exit code 2, nothing written."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from verl.trainer.config_schema import validate_ppo_config
+from verl.utils.config import ConfigError, check_overrides, suggest_keys
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = str(REPO / "verl" / "trainer" / "config")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("assets")
+    (root / "train.parquet").write_bytes(b"PAR1")
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text("{}")
+    return root
+
+
+def good_overrides(assets):
+    return [
+        f"data.train_files={assets / 'train.parquet'}",
+        f"data.val_files={assets / 'train.parquet'}",
+        f"actor_rollout_ref.model.path={assets / 'model'}",
+        f"critic.model.path={assets / 'model'}",
+        "actor_rollout_ref.rollout.name=hf",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "trainer.n_gpus_per_node=2",
+        "trainer.logger=console",
+    ]
+
+
+def composed(overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def test_good_config_passes_and_plans_roles(assets):
+    plan = validate_ppo_config(composed(good_overrides(assets)))
+    assert plan.device == "cpu"
+    assert plan.n_gpus == 2
+    assert plan.use_critic and not plan.use_reference_policy and not plan.use_rm
+    assert plan.trainer.logger == ["console"]  # a single string is accepted
+    assert plan.algorithm.kl_ctrl.type == "fixed"
+
+    grpo = validate_ppo_config(composed(good_overrides(assets) + [
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.use_kl_loss=True"]))
+    assert not grpo.use_critic and grpo.use_reference_policy
+
+
+@pytest.mark.parametrize("extra, pattern", [
+    (["data.train_batch_size=7"], r"data.train_batch_size \* actor_rollout_ref.rollout.n .* 2 worker ranks"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], r"ppo_mini_batch_size"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], r"multiple of actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=4"], r"both 'actor_rollout_ref.actor.ppo_micro_batch_size' and"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"], r"set 'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu'"),
+    (["critic.ppo_micro_batch_size_per_gpu=null"], r"critic.ppo_micro_batch_size_per_gpu"),
+    (["algorithm.adv_estimator=gpro"], r"algorithm.adv_estimator='gpro' is not one of: .*grpo"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=vanila"], r"loss_mode='vanila' is not one of: .*vanilla"),
+    (["actor_rollout_ref.actor.kl_loss_type=k9"], r"kl_loss_type='k9' is not one of: kl, k1"),
+    (["algorithm.kl_penalty=xx"], r"algorithm.kl_penalty='xx'"),
+    (["actor_rollout_ref.rollout.name=trt"], r"rollout.name='trt' is not one of: hf, vllm, sglang"),
+    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], r"ulysses_sequence_parallel_size=2 is not supported"),
+    (["trainer.logger=[console,mlflow]"], r"trainer.logger='mlflow'"),
+    (["trainer.resume_mode=resume_path"], r"resume_from_path"),
+    (["data.train_files=/nonexistent/train.parquet"], r"data.train_files: file not found: /nonexistent/train.parquet"),
+    (["critic.model.path=/nonexistent/critic"], r"critic.model.path: model not found: /nonexistent/critic"),
+    (["trainer.device=cuda"], r"trainer.device=cuda"),
+    (["actor_rollout_ref.actor.strategy=deepspeed"], r"strategy='deepspeed' is not one of"),
+])
+def test_bad_values_raise_config_error(assets, extra, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        validate_ppo_config(composed(good_overrides(assets) + extra))
+
+
+def test_missing_rollout_name_is_explained(assets):
+    overrides = [o for o in good_overrides(assets) if not o.startswith("actor_rollout_ref.rollout.name")]
+    with pytest.raises(ConfigError, match=r"rollout.name is required: add actor_rollout_ref.rollout.name=hf"):
+        validate_ppo_config(composed(overrides))
+
+
+def test_model_path_not_checked_for_critic_without_gae(assets):
+    cfg = composed(good_overrides(assets) + ["algorithm.adv_estimator=grpo", "critic.model.path=/nonexistent"])
+    assert not validate_ppo_config(cfg).use_critic
+
+
+def test_override_key_suggestions():
+    base = composed([])
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.totl_epochs' \(did you mean 'trainer.total_epochs'"):
+        check_overrides(base, ["trainer.totl_epochs=3"])
+    with pytest.raises(ConfigError, match=r"did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'"):
+        check_overrides(base, ["+actor_rollout_ref.actor.ppo_mini_bach_size=3"])
+    with pytest.raises(ConfigError, match=r"already exists"):
+        check_overrides(base, ["+trainer.total_epochs=3"])
+    # free-form sections take new keys; unrelated new keys only warn
+    assert check_overrides(base, ["+actor_rollout_ref.model.override_config.attn_implementation=eager"]) == []
+    warnings = check_overrides(base, ["+trainer.my_recipe_flag=1"])
+    assert len(warnings) == 1 and "my_recipe_flag" in warnings[0]
+    assert suggest_keys("critic.optim.lrr", ["critic.optim.lr", "critic.optim.betas"]) == ["critic.optim.lr"]
+
+
+# ------------------------------------------------------------------------------------------- CLI (subprocess)
+
+def run_cli(args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
+    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("case, extra, pattern", [
+    ("misspelled", ["trainer.totl_epochs=3"], "did you mean 'trainer.total_epochs'"),
+    ("misspelled_plus", ["+data.train_bach_size=3"], "did you mean 'data.train_batch_size'"),
+    ("not_divisible", ["data.train_batch_size=7"], "is not divisible by 2"),
+    ("missing_file", ["data.val_files=/nonexistent/val.parquet"], "data.val_files: file not found: /nonexistent/val.parquet"),
+    ("unknown_estimator", ["algorithm.adv_estimator=ppo2"], "algorithm.adv_estimator='ppo2' is not one of"),
+    ("bad_type", ["trainer.total_epochs=abc"], "total_epochs"),
+])
+def test_cli_config_errors_exit_2_and_write_nothing(assets, tmp_path, case, extra, pattern):
+    cwd = tmp_path / case
+    cwd.mkdir()
+    proc = run_cli(good_overrides(assets) + ["trainer.logger=[console,file,tensorboard]"] + extra, cwd)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert pattern in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Config error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(cwd.iterdir()) == [], "a failed config must not write anything"

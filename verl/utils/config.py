@@ -1,0 +1,213 @@
+"""Config helpers shared by every entry point: typed views of OmegaConf nodes and override checking.
+
+- ``omega_conf_to_dataclass(node, Dataclass)``: turn a config node into a typed dataclass once (unknown keys
+  in the node are ignored, missing ones take the dataclass default).
+- ``check_overrides(base_cfg, overrides)``: look at Hydra command-line overrides *before* Hydra composes the
+  config, so that a misspelled key fails with our message ("did you mean ...") instead of Hydra's.
+- ``ConfigError``: the one exception type for "the user's config is wrong"; entry points print its message
+  and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+__all__ = [
+    "ConfigError",
+    "omega_conf_to_dataclass",
+    "flatten_keys",
+    "suggest_keys",
+    "check_overrides",
+    "unresolved_value",
+]
+
+
+class ConfigError(ValueError):
+    """The user's configuration cannot be run; the message names the key and what would work."""
+
+
+def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None) -> Any:
+    """Convert an OmegaConf node (or dict) to ``dataclass_type``.
+
+    Nested dataclass fields are converted recursively; keys the dataclass does not declare are dropped (the
+    YAML may carry keys for other components). With ``dataclass_type=None`` the node's ``_target_`` is not
+    consulted; a plain resolved dict is returned.
+    """
+    if config is None:
+        return None
+    if isinstance(config, (DictConfig, ListConfig)):
+        config = OmegaConf.to_container(config, resolve=True)
+    if dataclass_type is None:
+        return config
+    if not dataclasses.is_dataclass(dataclass_type):
+        raise TypeError(f"{dataclass_type} is not a dataclass")
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return config
+    kwargs = {}
+    hints = _field_types(dataclass_type)
+    for field in dataclasses.fields(dataclass_type):
+        if not field.init or field.name not in config:
+            continue
+        value = config[field.name]
+        sub = hints.get(field.name)
+        if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(value, dict):
+            value = omega_conf_to_dataclass(value, sub)
+        kwargs[field.name] = value
+    return dataclass_type(**kwargs)
+
+
+def _field_types(dataclass_type: type) -> dict:
+    import typing
+
+    try:
+        return typing.get_type_hints(dataclass_type)
+    except Exception:
+        return {f.name: f.type for f in dataclasses.fields(dataclass_type)}
+
+
+def flatten_keys(cfg: Any, prefix: str = "") -> list[str]:
+    """Every dotted key path in ``cfg`` (dict nodes and leaves), without resolving interpolations."""
+    keys: list[str] = []
+    if isinstance(cfg, DictConfig):
+        items = [(k, cfg._get_node(k)) for k in cfg.keys()]
+    elif isinstance(cfg, dict):
+        items = list(cfg.items())
+    else:
+        return keys
+    for k, node in items:
+        path = f"{prefix}{k}"
+        keys.append(path)
+        if isinstance(node, (DictConfig, dict)):
+            keys.extend(flatten_keys(node, path + "."))
+    return keys
+
+
+def suggest_keys(key: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """Close matches for a misspelled dotted key: whole-path matches first, then same-parent leaf matches."""
+    candidates = list(candidates)
+    leaf = key.rsplit(".", 1)[-1]
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    siblings = [c for c in candidates if (c.rsplit(".", 1)[0] if "." in c else "") == parent]
+    by_leaf = {c.rsplit(".", 1)[-1]: c for c in siblings}
+    found = [by_leaf[m] for m in difflib.get_close_matches(leaf, list(by_leaf), n=n, cutoff=cutoff)]
+    if not found:  # wrong parent as well: compare whole paths, strictly
+        found = difflib.get_close_matches(key, candidates, n=n, cutoff=max(cutoff, 0.8))
+    if not found:  # a leaf that exists under another parent (e.g. `trainer.ppo_epochs`)
+        found = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf]
+    return found[:n]
+
+
+def _is_free_form(node: Any) -> bool:
+    """Empty dicts in the YAML (override_config, engine_kwargs ...) take arbitrary user keys."""
+    return isinstance(node, DictConfig) and len(node) == 0
+
+
+def _longest_existing_prefix(cfg: DictConfig, parts: list[str]) -> tuple[int, Any]:
+    node: Any = cfg
+    depth = 0
+    for part in parts:
+        if isinstance(node, DictConfig) and part in node.keys():
+            node = node._get_node(part)
+            depth += 1
+        else:
+            break
+    return depth, node
+
+
+def _free_form_paths(cfg: DictConfig) -> list[str]:
+    return [k for k in flatten_keys(cfg) if _is_free_form(OmegaConf.select(cfg, k, default=None))]
+
+
+def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """Check Hydra overrides against the keys of ``base_cfg``; raise ConfigError for the first bad one.
+
+    - ``key=value``: the key must exist (Hydra's struct mode would refuse it too, with a less helpful message).
+    - ``+key=value`` / ``++key=value``: allowed under a free-form dict (an empty dict in the YAML, e.g.
+      ``actor_rollout_ref.model.override_config``); elsewhere a new key that is a near-miss of an existing key
+      is refused as a probable typo, and any other new key is allowed with a warning (recipes add their own).
+    - ``~key``: the key must exist.
+    Hydra's own overrides (``hydra.*``, ``hydra/...``) and config-group selections are skipped.
+    Returns warnings (strings) for the caller to print.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    except Exception as e:  # hydra's grammar error already names the bad override
+        raise ConfigError(f"cannot parse command-line override: {e}") from None
+
+    all_keys = flatten_keys(base_cfg)
+    warnings: list[str] = []
+    for ov in parsed:
+        key = ov.key_or_group
+        if key.startswith("hydra") or "/" in key or ov.package is not None:
+            continue
+        parts = key.split(".")
+        depth, node = _longest_existing_prefix(base_cfg, parts)
+        exists = depth == len(parts)
+        if ov.type == OverrideType.CHANGE or ov.type == OverrideType.DEL:
+            if exists:
+                continue
+            # under a free-form dict Hydra needs '+': say so
+            parent = OmegaConf.select(base_cfg, ".".join(parts[:depth]), default=None) if depth else base_cfg
+            if depth and _is_free_form(parent) or _inside_free_form(base_cfg, parts[:depth]):
+                raise ConfigError(
+                    f"'{key}' is not set in the default config; add it with a leading '+': +{ov.input_line}"
+                )
+            raise ConfigError(_unknown_key_message(key, all_keys, base_cfg))
+        # ADD / FORCE_ADD
+        if exists:
+            if ov.type == OverrideType.ADD:
+                raise ConfigError(
+                    f"'{key}' already exists in the config; set it without the '+': {ov.input_line.lstrip('+')}"
+                )
+            continue
+        if _inside_free_form(base_cfg, parts[:depth]):
+            continue
+        close = suggest_keys(key, all_keys, cutoff=0.8)
+        if close:
+            raise ConfigError(_unknown_key_message(key, all_keys, base_cfg, suggestions=close))
+        warnings.append(f"warning: '{key}' is not a known config key; adding it as requested by '{ov.input_line}'")
+    return warnings
+
+
+def _inside_free_form(cfg: DictConfig, parts: list[str]) -> bool:
+    node: Any = cfg
+    for part in parts:
+        if not isinstance(node, DictConfig) or part not in node.keys():
+            return False
+        node = node._get_node(part)
+        if _is_free_form(node):
+            return True
+    return False
+
+
+def _unknown_key_message(key: str, all_keys: list[str], cfg: DictConfig, suggestions: list[str] | None = None) -> str:
+    suggestions = suggestions if suggestions is not None else suggest_keys(key, all_keys)
+    msg = f"unknown config key '{key}'"
+    if suggestions:
+        msg += " (did you mean " + " or ".join(f"'{s}'" for s in suggestions) + "?)"
+    else:
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        if isinstance(node, DictConfig):
+            msg += f"; keys under '{parent or '<root>'}': " + ", ".join(list(node.keys())[:30])
+    free = _free_form_paths(cfg)
+    if free and not suggestions:
+        msg += ". To pass extra engine/model options use a free-form section with '+', e.g. +" + free[0] + ".<name>=<value>"
+    return msg
+
+
+def unresolved_value(cfg: DictConfig, key: str) -> Any:
+    """The value as written (an interpolation stays a '${...}' string), or None when absent."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or leaf not in parent:
+        return None
+    node = parent._get_node(leaf)
+    return node._value() if hasattr(node, "_value") else node

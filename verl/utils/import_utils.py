@@ -1,0 +1,79 @@
+"""Optional imports and user-supplied code (verl's names)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from functools import lru_cache
+from typing import Any
+
+__all__ = ["is_vllm_available", "is_sglang_available", "is_megatron_core_available", "is_trl_available",
+           "import_external_libs", "load_module", "load_extern_type"]
+
+
+@lru_cache(maxsize=None)
+def _available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_vllm_available() -> bool:
+    return _available("vllm")
+
+
+def is_sglang_available() -> bool:
+    return _available("sglang")
+
+
+def is_megatron_core_available() -> bool:
+    return _available("megatron.core")
+
+
+def is_trl_available() -> bool:
+    return _available("trl")
+
+
+def import_external_libs(external_libs: str | list[str] | None = None) -> None:
+    """Import modules that register custom model classes (``actor_rollout_ref.model.external_lib``)."""
+    if external_libs is None:
+        return
+    if isinstance(external_libs, str):
+        external_libs = [external_libs]
+    for lib in external_libs:
+        importlib.import_module(lib)
+
+
+def load_module(module_path: str, module_name: str | None = None):
+    """Import a module from a ``.py`` file path, or from ``pkg://dotted.module`` / a dotted module name."""
+    if module_path is None:
+        return None
+    if module_path.startswith("pkg://"):
+        return importlib.import_module(module_path[len("pkg://"):])
+    path = os.path.expanduser(module_path)
+    if not os.path.isfile(path):
+        if os.path.sep not in module_path and not module_path.endswith(".py"):
+            return importlib.import_module(module_path)
+        raise FileNotFoundError(f"module file not found: {module_path}")
+    name = module_name or f"verl_custom_{abs(hash(os.path.abspath(path)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise RuntimeError(f"error while importing {module_path}: {e}") from e
+    return module
+
+
+def load_extern_type(file_path: str | None, type_name: str | None) -> Any:
+    """``getattr(load_module(file_path), type_name)``, with a message naming both when it is missing."""
+    if file_path is None:
+        return None
+    module = load_module(file_path)
+    if not hasattr(module, type_name):
+        raise AttributeError(f"'{type_name}' is not defined in {file_path}")
+    return getattr(module, type_name)

@@ -1,0 +1,187 @@
+"""Experiment tracking: one ``Tracking`` object fans each step's metrics out to the chosen backends.
+
+    tracker = Tracking(project_name, experiment_name, default_backend=["console", "file"], config=cfg_dict)
+    tracker.log({"critic/score/mean": 0.5}, step=3)
+    tracker.finish()
+
+Backends (``trainer.logger``):
+- ``console``: verl's line ``step:3 - critic/score/mean:0.5 - ...`` (numbers only) on stdout.
+- ``file``: one JSON object per step, ``{"step": 3, "data": {...}}``, appended and flushed as it goes, at
+  ``$VERL_FILE_LOGGER_PATH`` if set, else ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``
+  (``VERL_FILE_LOGGER_ROOT`` defaults to the current directory).
+- ``tensorboard``: scalars under ``$TENSORBOARD_DIR`` if set, else ``tensorboard_log/<project>/<experiment>``.
+- ``wandb``: ``wandb.init(project, name, config)``; set ``WANDB_MODE=offline`` to run without a network.
+Any other name fails at construction with the list of supported backends.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import pprint
+from typing import Any
+
+__all__ = ["Tracking", "ValidationGenerationsLogger", "concat_dict_to_str", "SUPPORTED_BACKENDS"]
+
+SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb")
+
+
+def _to_python(value: Any) -> Any:
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            return value.item()
+        except (ValueError, RuntimeError):
+            pass
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def concat_dict_to_str(data: dict, step: int) -> str:
+    parts = [f"step:{step}"]
+    for key, value in data.items():
+        value = _to_python(value)
+        if isinstance(value, numbers.Number) and not isinstance(value, bool):
+            parts.append(f"{key}:{pprint.pformat(value)}")
+    return " - ".join(parts)
+
+
+class ConsoleLogger:
+    def log(self, data: dict, step: int) -> None:
+        print(concat_dict_to_str(data, step), flush=True)
+
+    def finish(self) -> None:
+        pass
+
+
+def file_logger_path(project_name: str, experiment_name: str) -> str:
+    path = os.environ.get("VERL_FILE_LOGGER_PATH")
+    if path:
+        return os.path.expanduser(path)
+    root = os.path.expanduser(os.environ.get("VERL_FILE_LOGGER_ROOT", "."))
+    return os.path.join(root, project_name, f"{experiment_name}.jsonl")
+
+
+class FileLogger:
+    def __init__(self, project_name: str, experiment_name: str):
+        self.path = file_logger_path(project_name, experiment_name)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._fp = open(self.path, "a", buffering=1)
+
+    def log(self, data: dict, step: int) -> None:
+        record = {"step": step, "data": {k: _to_python(v) for k, v in data.items()}}
+        self._fp.write(json.dumps(record, default=str) + "\n")
+        self._fp.flush()
+
+    def finish(self) -> None:
+        if not self._fp.closed:
+            self._fp.close()
+
+
+class TensorboardLogger:
+    def __init__(self, project_name: str, experiment_name: str):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ImportError(f"trainer.logger=tensorboard needs the tensorboard package: pip install tensorboard ({e})") from None
+        self.log_dir = os.environ.get("TENSORBOARD_DIR") or os.path.join("tensorboard_log", project_name, experiment_name)
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.writer = SummaryWriter(self.log_dir)
+
+    def log(self, data: dict, step: int) -> None:
+        for key, value in data.items():
+            value = _to_python(value)
+            if isinstance(value, numbers.Number) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    def __init__(self, project_name: str, experiment_name: str, config: dict | None):
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError("trainer.logger=wandb needs the wandb package: pip install wandb "
+                              "(or drop 'wandb' from trainer.logger, e.g. trainer.logger=[console,file])") from None
+        self.wandb = wandb
+        self.run = wandb.init(project=project_name, name=experiment_name, config=config)
+
+    def log(self, data: dict, step: int) -> None:
+        self.wandb.log({k: _to_python(v) for k, v in data.items()}, step=step)
+
+    def finish(self) -> None:
+        self.wandb.finish(exit_code=0)
+
+
+class Tracking:
+    supported_backend = list(SUPPORTED_BACKENDS)
+
+    def __init__(self, project_name: str, experiment_name: str, default_backend: str | list[str] = "console",
+                 config: Any = None):
+        if isinstance(default_backend, str):
+            default_backend = [default_backend]
+        default_backend = [str(b) for b in default_backend]
+        for backend in default_backend:
+            if backend not in SUPPORTED_BACKENDS:
+                raise ValueError(f"logger backend {backend!r} is not supported; choose from: {', '.join(SUPPORTED_BACKENDS)}")
+        if config is not None and not isinstance(config, dict):
+            from omegaconf import OmegaConf
+
+            config = OmegaConf.to_container(config, resolve=True)
+        self.project_name, self.experiment_name = project_name, experiment_name
+        self.logger: dict[str, Any] = {}
+        for backend in dict.fromkeys(default_backend):
+            if backend == "console":
+                self.logger[backend] = ConsoleLogger()
+            elif backend == "file":
+                self.logger[backend] = FileLogger(project_name, experiment_name)
+            elif backend == "tensorboard":
+                self.logger[backend] = TensorboardLogger(project_name, experiment_name)
+            elif backend == "wandb":
+                self.logger[backend] = WandbLogger(project_name, experiment_name, config)
+
+    def log(self, data: dict, step: int, backend: list[str] | None = None) -> None:
+        for name, logger in self.logger.items():
+            if backend is None or name in backend:
+                logger.log(data=data, step=step)
+
+    def finish(self) -> None:
+        for logger in self.logger.values():
+            logger.finish()
+        self.logger = {}
+
+    def __del__(self):
+        try:
+            for name, logger in list(getattr(self, "logger", {}).items()):
+                if name == "file":
+                    logger.finish()
+        except Exception:
+            pass
+
+
+class ValidationGenerationsLogger:
+    """Shows a few validation samples (``trainer.log_val_generations``) in the chosen backends."""
+
+    def log(self, loggers: list[str], samples: list[tuple], step: int, tracker: Tracking | None = None) -> None:
+        if not samples:
+            return
+        if "console" in loggers:
+            for i, (inp, out, score) in enumerate(samples):
+                print(f"[val sample {i} @ step {step}] score={score}\n  prompt: {inp!r}\n  response: {out!r}", flush=True)
+        if tracker is None:
+            return
+        if "file" in loggers and "file" in tracker.logger:
+            rows = [{"input": i, "output": o, "score": _to_python(s)} for i, o, s in samples]
+            tracker.logger["file"]._fp.write(json.dumps({"step": step, "val_generations": rows}, default=str) + "\n")
+        if "tensorboard" in loggers and "tensorboard" in tracker.logger:
+            text = "\n\n".join(f"**score {s}**  \n{i}  \n→ {o}" for i, o, s in samples)
+            tracker.logger["tensorboard"].writer.add_text("val/generations", text, step)
+        if "wandb" in loggers and "wandb" in tracker.logger:
+            wandb = tracker.logger["wandb"].wandb
+            table = wandb.Table(columns=["step", "input", "output", "score"],
+                                data=[[step, i, o, _to_python(s)] for i, o, s in samples])
+            wandb.log({"val/generations": table}, step=step)
