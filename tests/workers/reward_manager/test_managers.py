@@ -140,3 +140,17 @@ def test_dapo_overlong_penalty_hand_computed(char_tokenizer, make_batch):
         DAPORewardManager(char_tokenizer, 0, overlong_buffer_cfg=cfg)
     with pytest.raises(ValueError, match="must be >="):
         DAPORewardManager(char_tokenizer, 0, max_resp_len=4, overlong_buffer_cfg=cfg)
+
+
+def test_mixed_float_and_dict_results_stay_aligned(char_tokenizer, make_batch):
+    def scorer(data_source, solution_str, ground_truth, extra_info=None):
+        if extra_info["index"] % 2:
+            return 0.25
+        return {"score": 1.0, "pred": solution_str[-1], "acc": True}
+
+    out = NaiveRewardManager(char_tokenizer, 0, compute_score=scorer)(make_batch(ROWS), return_dict=True)
+    info = out["reward_extra_info"]
+    assert info["score"] == [1.0, 0.25, 1.0, 0.25]
+    assert info["acc"] == [True, 0.0, True, 0.0]
+    assert info["pred"] == ["8", "", "}", ""]
+    assert out["reward_tensor"].sum().item() == 2.5

@@ -139,3 +139,7 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
             "is not called compute_score). See docs/custom_reward.md."
         )
     return _as_score(fn(solution_str, ground_truth, extra_info=extra_info, **_accepted_kwargs(fn, kwargs)))
+
+
+# Older verl releases and many recipes import the private name.
+_default_compute_score = default_compute_score

@@ -155,7 +155,7 @@ class AbstractRewardManager(ABC):
 
         A dict result's ``score`` is the reward; all its keys (``score`` included, as verl does) go to
         ``reward_extra_info``. Lists stay aligned with the batch: a sample whose result lacks a key gets
-        0.0 for numeric keys and None otherwise.
+        0.0 for numeric keys and "" otherwise (validation metrics skip string-valued keys).
         """
         scores = [float(r["score"]) if isinstance(r, dict) else float(r) for r in results]
         keys: list[str] = []
@@ -166,8 +166,10 @@ class AbstractRewardManager(ABC):
         for key in keys:
             present = [r[key] for r in results if isinstance(r, dict) and key in r]
             numeric = all(isinstance(v, (int, float, bool, np.number)) for v in present)
-            fill = 0.0 if numeric else None
+            fill = 0.0 if numeric else ""
             extra[key] = [r.get(key, fill) if isinstance(r, dict) else fill for r in results]
+        if "score" in extra:  # a plain float result is its own score
+            extra["score"] = [float(r) if not isinstance(r, dict) else v for r, v in zip(results, extra["score"])]
         return scores, extra
 
     def examine(self, samples: list[RewardSample], scores: list[float]) -> None:
