@@ -58,3 +58,11 @@ def test_register_score_fn_and_dict_results():
     assert out == {"score": 1.0, "acc": True} and isinstance(out["score"], float)
     with pytest.raises(ValueError):
         register_score_fn()
+
+
+def test_prefix_dispatch_for_aime_and_math_dapo():
+    assert default_compute_score("aime2024", "Answer: 204", "204") == {"score": 1.0, "acc": True, "pred": "204"}
+    assert default_compute_score("math_dapo", "Answer: 5", "204")["score"] == -1.0
+    assert "aime*" in supported_data_sources()
+    with pytest.raises(NotImplementedError, match="aime\\*"):
+        default_compute_score("aim", "x", "y")

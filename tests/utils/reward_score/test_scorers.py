@@ -128,3 +128,20 @@ def test_countdown_safe_eval():
 ])
 def test_gsm_symbolic(response, truth, expected):
     assert gsm_symbolic.compute_score(response, truth) == expected
+
+
+# ---------------------------------------------------------------------------------------------- math_dapo
+@pytest.mark.parametrize("response,truth,score,pred", [
+    ("reasoning...\nAnswer: $\\frac{1}{2}$", r"\frac{1}{2}", 1.0, r"\frac{1}{2}"),
+    ("Answer: 1,000 dollars", "1000", 1.0, "1000"),
+    ("Answer: x = 34", "34", 1.0, "34"),
+    ("Answer: 34", "35", -1.0, "34"),
+    ("the result is 35", "35", -1.0, ""),
+])
+def test_math_dapo(response, truth, score, pred):
+    from verl.utils.reward_score import math_dapo
+
+    out = math_dapo.compute_score(response, truth)
+    assert out == {"score": score, "acc": score > 0, "pred": pred}
+    boxed = math_dapo.compute_score(r"so \boxed{\frac12}", r"\frac{1}{2}", strict_box_verify=True)
+    assert boxed["acc"] is True

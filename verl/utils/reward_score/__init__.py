@@ -23,6 +23,7 @@ __all__ = ["default_compute_score", "register_score_fn", "get_score_fn", "suppor
 
 ScoreFn = Callable[..., Any]
 _SCORE_FNS: dict[str, ScoreFn] = {}
+_PREFIX_SCORE_FNS: dict[str, ScoreFn] = {}
 
 MATH_DATA_SOURCES = (
     "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
@@ -35,25 +36,33 @@ class UnknownDataSourceError(NotImplementedError):
     """No built-in scorer for a data_source (verl raises NotImplementedError here; this is a subclass)."""
 
 
-def register_score_fn(*data_sources: str) -> Callable[[ScoreFn], ScoreFn]:
-    """Register ``fn(solution_str, ground_truth, extra_info=None, **kwargs)`` for the given data sources."""
+def register_score_fn(*data_sources: str, prefix: bool = False) -> Callable[[ScoreFn], ScoreFn]:
+    """Register ``fn(solution_str, ground_truth, extra_info=None, **kwargs)`` for the given data sources
+    (with ``prefix=True``: for every data source starting with one of them)."""
     if not data_sources:
         raise ValueError("register_score_fn needs at least one data_source name")
+    table = _PREFIX_SCORE_FNS if prefix else _SCORE_FNS
 
     def decorator(fn: ScoreFn) -> ScoreFn:
         for name in data_sources:
-            _SCORE_FNS[name] = fn
+            table[name] = fn
         return fn
 
     return decorator
 
 
 def get_score_fn(data_source: str) -> ScoreFn | None:
-    return _SCORE_FNS.get(str(data_source))
+    data_source = str(data_source)
+    if data_source in _SCORE_FNS:
+        return _SCORE_FNS[data_source]
+    for prefix in sorted(_PREFIX_SCORE_FNS, key=len, reverse=True):  # longest prefix wins
+        if data_source.startswith(prefix):
+            return _PREFIX_SCORE_FNS[prefix]
+    return None
 
 
 def supported_data_sources() -> list[str]:
-    return sorted(_SCORE_FNS)
+    return sorted(_SCORE_FNS) + sorted(f"{p}*" for p in _PREFIX_SCORE_FNS)
 
 
 # ---------------------------------------------------------------------------------------------- built-ins
@@ -80,6 +89,13 @@ def _score_math(solution_str, ground_truth, extra_info=None, use_math_verify=Tru
     except ImportError:  # pragma: no cover - math-verify is in requirements.txt
         return 0.0
     return math_verify.compute_score("\\boxed{" + answer + "}", str(ground_truth))
+
+
+@register_score_fn("math_dapo")
+@register_score_fn("aime", prefix=True)
+def _score_math_dapo(solution_str, ground_truth, extra_info=None, strict_box_verify=False):
+    from verl.utils.reward_score import math_dapo
+    return math_dapo.compute_score(solution_str, ground_truth, strict_box_verify=strict_box_verify)
 
 
 @register_score_fn("arithmetic")
