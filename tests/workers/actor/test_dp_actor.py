@@ -1,0 +1,196 @@
+"""DataParallelPPOActor: log-probs equal a plain HF forward (padded, packed, dynamic bsz); 2 FSDP2 ranks make the
+same update as one process; bf16 runs; LoRA trains only adapters and streams merged base names."""
+
+import copy
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from engine_testlib import actor_config, make_batch, run_distributed, tiny_model  # noqa: E402
+
+from verl.protocol import DataProto  # noqa: E402
+from verl.utils.fsdp_utils import build_optimizer, get_full_state_dict  # noqa: E402
+from verl.workers.actor.dp_actor import DataParallelPPOActor  # noqa: E402
+
+TEMP = 0.7
+
+
+def hf_reference(model, b, temperature=TEMP):
+    """log softmax(logits / T) gathered at the response tokens, one unpadded sequence at a time."""
+    resp_len = b["responses"].shape[1]
+    out_lp = torch.zeros(b["responses"].shape)
+    out_ent = torch.zeros(b["responses"].shape)
+    with torch.no_grad():
+        for i in range(b["input_ids"].shape[0]):
+            keep = b["attention_mask"][i].bool()
+            ids = b["input_ids"][i][keep].unsqueeze(0)
+            logits = model(input_ids=ids).logits[0] / temperature
+            n_resp = int(b["response_mask"][i].sum())
+            pred = logits[-n_resp - 1 : -1]  # positions predicting the valid response tokens
+            logp = torch.log_softmax(pred.float(), -1)
+            out_lp[i, :n_resp] = logp.gather(-1, ids[0, -n_resp:].unsqueeze(-1)).squeeze(-1)
+            out_ent[i, :n_resp] = -(logp.exp() * logp).sum(-1)
+    assert resp_len >= int(b["response_mask"].sum(-1).max())
+    return out_lp, out_ent
+
+
+@pytest.mark.parametrize("remove_padding,dynamic", [(False, False), (True, False), (True, True), (False, True)])
+def test_compute_log_prob_matches_hf(remove_padding, dynamic):
+    torch.set_num_threads(2)
+    model = tiny_model(seed=1)
+    b = make_batch(6, 7, 5, seed=3)
+    mask = b["response_mask"].bool()
+    ref_lp, ref_ent = hf_reference(model, b)
+    cfg = actor_config(use_remove_padding=remove_padding, log_prob_micro_batch_size_per_gpu=4,
+                       log_prob_use_dynamic_bsz=dynamic, log_prob_max_token_len_per_gpu=20)
+    actor = DataParallelPPOActor(cfg, model)
+    lp, ent = actor.compute_log_prob(DataProto.from_dict(b, meta_info={"temperature": TEMP}), calculate_entropy=True)
+    assert lp.shape == b["responses"].shape and lp.dtype == torch.float32
+    assert (lp - ref_lp)[mask].abs().max() <= 1e-5
+    assert (ent - ref_ent)[mask].abs().max() <= 1e-5
+    assert ent[mask].min() > 0
+
+
+def _plain_update(batch, cfg, steps_data):
+    model = tiny_model(seed=2)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    metrics = [actor.update_policy(DataProto.from_dict(copy.deepcopy(batch), meta_info={"temperature": TEMP}))
+               for _ in range(steps_data)]
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
+
+
+def _fsdp_actor_worker(rank, world, out_dir, batch, cfg_dict):
+    from omegaconf import OmegaConf
+
+    from verl.utils.fsdp_utils import apply_fsdp2, iter_full_state_dict
+
+    cfg = OmegaConf.create(cfg_dict)
+    model = tiny_model(seed=2)
+    apply_fsdp2(model, cfg.fsdp_config)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    per_rank = batch["input_ids"].shape[0] // world
+    mine = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in batch.items()}
+    data = DataProto.from_dict(mine, meta_info={"temperature": TEMP})
+    lp_before, _ = actor.compute_log_prob(data)
+    metrics = [actor.update_policy(DataProto.from_dict(copy.deepcopy(mine), meta_info={"temperature": TEMP}))
+               for _ in range(2)]
+    names = [n for n, _ in iter_full_state_dict(model)]
+    full = get_full_state_dict(model)
+    if rank == 0:
+        torch.save({"state": full, "names": names, "metrics": metrics, "lp": lp_before}, f"{out_dir}/fsdp.pt")
+
+
+@pytest.mark.e2e
+def test_two_fsdp2_ranks_match_single_process(tmp_path):
+    torch.set_num_threads(2)
+    batch = make_batch(8, 6, 5, seed=5)
+    common = dict(use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, ppo_epochs=1)
+    # reference: one process, no FSDP, padded path, fixed micro-batches of 3 rows, mini-batch of 4 rows (2 steps)
+    # rank r holds rows 4r..4r+3 and takes its first 2 rows per mini-batch, so global mini-batch j is
+    # rows {2j, 2j+1, 4+2j, 5+2j}: order the single-process batch the same way
+    ref_cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=3, **common)
+    order = torch.tensor([0, 1, 4, 5, 2, 3, 6, 7])
+    ref_state, ref_metrics = _plain_update({k: v[order] for k, v in batch.items()}, ref_cfg, 2)
+    # 2 ranks x 2 rows per mini-batch: packed sequences, micro-batches by token budget
+    cfg = actor_config(ppo_mini_batch_size=2, use_remove_padding=True, use_dynamic_bsz=True,
+                       ppo_max_token_len_per_gpu=12, log_prob_max_token_len_per_gpu=12, **common)
+    from omegaconf import OmegaConf
+
+    run_distributed(_fsdp_actor_worker, 2, str(tmp_path), batch, OmegaConf.to_container(cfg), err_dir=str(tmp_path))
+    got = torch.load(tmp_path / "fsdp.pt", weights_only=False)
+    # tied embeddings: lm_head.weight is streamed too, equal to the embedding
+    assert "lm_head.weight" in got["names"] and "model.embed_tokens.weight" in got["names"]
+    assert torch.equal(got["state"]["lm_head.weight"], got["state"]["model.embed_tokens.weight"])
+    changed = 0.0
+    init = tiny_model(seed=2).state_dict()
+    for k, v in ref_state.items():
+        assert torch.allclose(got["state"][k], v, atol=1e-5, rtol=0), (k, (got["state"][k] - v).abs().max())
+        changed = max(changed, (v - init[k]).abs().max().item())
+    assert changed > 1e-3  # the update did move the weights
+    assert len(got["metrics"][0]["actor/grad_norm"]) == 2  # 4 rows per rank / 2 per mini-batch
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy",
+                "actor/kl_loss", "actor/kl_coef", "actor/grad_norm"):
+        assert key in got["metrics"][0], key
+    # global grad norm is a property of the global mini-batch: the same on 1 and 2 ranks
+    assert abs(got["metrics"][0]["actor/grad_norm"][0] - ref_metrics[0]["actor/grad_norm"][0]) < 1e-4
+
+
+def test_bf16_path_runs():
+    torch.set_num_threads(2)
+    model = tiny_model(seed=0).to(torch.bfloat16)
+    b = make_batch(4, 6, 5, seed=1)
+    cfg = actor_config(use_remove_padding=True, entropy_coeff=0.01)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    data = DataProto.from_dict(b, meta_info={"temperature": 1.0})
+    lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
+    ref_lp, _ = hf_reference(tiny_model(seed=0), b, 1.0)
+    mask = b["response_mask"].bool()
+    assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
+    assert (lp - ref_lp)[mask].abs().max() < 0.1  # bf16 rounding, not a wrong token
+    before = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    metrics = actor.update_policy(data)
+    assert all(torch.isfinite(torch.tensor(metrics["actor/grad_norm"])))
+    assert not torch.equal(before, model.model.layers[0].mlp.up_proj.weight)
+
+
+def test_nonfinite_grad_skips_step():
+    model = tiny_model(seed=0)
+    b = make_batch(4, 6, 5, seed=1)
+    b["advantages"][0, 0] = float("nan")
+    cfg = actor_config()
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = actor.update_policy(DataProto.from_dict(b, meta_info={"temperature": 1.0}))
+    assert not torch.isfinite(torch.tensor(metrics["actor/grad_norm"][0]))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _lora_worker(rank, world, out_dir, batch, cfg_dict):
+    from omegaconf import OmegaConf
+
+    from verl.utils.fsdp_utils import apply_fsdp2, apply_lora, iter_full_state_dict
+
+    cfg = OmegaConf.create(cfg_dict)
+    model = apply_lora(tiny_model(seed=4), lora_rank=4, lora_alpha=8, target_modules="all-linear")
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    apply_fsdp2(model, cfg.fsdp_config)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    data = DataProto.from_dict({k: v[rank * 2 : rank * 2 + 2] for k, v in batch.items()}, meta_info={"temperature": 1.0})
+    actor.update_policy(data)
+    merged = dict(iter_full_state_dict(model))
+    frozen_after = {n: p.full_tensor() for n, p in model.named_parameters() if not p.requires_grad}
+    lp, _ = actor.compute_log_prob(data)
+    if rank == 0:
+        torch.save({"trainable": trainable, "merged": merged, "lp": lp,
+                    "frozen_same": all(torch.equal(frozen_before[n], frozen_after[n]) for n in frozen_before)},
+                   f"{out_dir}/lora.pt")
+
+
+@pytest.mark.e2e
+def test_lora_trains_adapters_and_streams_merged_weights(tmp_path):
+    from omegaconf import OmegaConf
+
+    batch = make_batch(4, 6, 5, seed=7, with_ref=False)
+    cfg = actor_config(ppo_mini_batch_size=2, optim={"lr": 5e-2})
+    run_distributed(_lora_worker, 2, str(tmp_path), batch, OmegaConf.to_container(cfg), err_dir=str(tmp_path))
+    got = torch.load(tmp_path / "lora.pt", weights_only=False)
+    assert got["trainable"] and all("lora_" in n for n in got["trainable"])
+    assert got["frozen_same"]
+    merged = got["merged"]
+    base = tiny_model(seed=4).state_dict()
+    assert set(merged) == set(base), set(merged) ^ set(base)  # plain HF names, lm_head included
+    assert not torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"],
+                              base["model.layers.0.self_attn.q_proj.weight"])  # adapters merged in
+    assert torch.equal(merged["model.norm.weight"], base["model.norm.weight"])
+    # the merged plain model reproduces the LoRA model's log-probs
+    plain = tiny_model(seed=4)
+    plain.load_state_dict(merged)
+    b2 = {k: v[:2] for k, v in batch.items()}
+    lp_plain, _ = DataParallelPPOActor(actor_config(), plain).compute_log_prob(
+        DataProto.from_dict(b2, meta_info={"temperature": 1.0}))
+    mask = b2["response_mask"].bool()
+    assert (lp_plain - got["lp"])[mask].abs().max() < 1e-5

@@ -1,0 +1,422 @@
+"""FSDP2 training-engine helpers: sharding, LoRA, optimizer / scheduler, grad clipping, full-weight streaming.
+
+Only FSDP2 (``torch.distributed.fsdp.fully_shard``) is supported: FSDP1's full-state-dict gather with CPU
+offload segfaults on CPU builds, and FSDP2 gives per-parameter DTensors that make the rest simple.
+
+Typical worker-side order (what ``fsdp_workers.py`` does)::
+
+    model = load_causal_lm(path, dtype=fsdp_config.model_dtype)
+    if model_cfg.lora_rank > 0: model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
+    if model_cfg.enable_gradient_checkpointing: enable_gradient_checkpointing(model)
+    model = apply_fsdp2(model, fsdp_config, create_device_mesh(world_size, fsdp_config.fsdp_size))
+    optimizer = build_optimizer(model.parameters(), actor_cfg.optim)
+    lr_scheduler = build_lr_scheduler(optimizer, actor_cfg.optim, total_steps)
+    ...
+    for name, tensor in iter_full_state_dict(model):   # hybrid engine: HF names, one full tensor at a time
+        ...
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from verl.utils.device import get_device_name, get_torch_device
+from verl.utils.model import to_torch_dtype, unwrap_peft
+
+try:  # torch >= 2.6
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+except ImportError:  # pragma: no cover
+    from torch.distributed._composable.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+__all__ = [
+    "cfg_get",
+    "create_device_mesh",
+    "get_fsdp_wrap_modules",
+    "get_mixed_precision_policy",
+    "apply_fsdp2",
+    "fsdp_version",
+    "enable_gradient_checkpointing",
+    "apply_lora",
+    "is_peft_model",
+    "build_optimizer",
+    "build_lr_scheduler",
+    "clip_grad_norm_",
+    "iter_full_state_dict",
+    "get_full_state_dict",
+    "load_full_state_dict",
+    "offload_fsdp_model_to_cpu",
+    "load_fsdp_model_to_gpu",
+    "offload_fsdp_optimizer",
+    "load_fsdp_optimizer",
+]
+
+
+def cfg_get(config, key: str, default=None):
+    """``config.a.b`` for key ``"a.b"`` on an OmegaConf node, dict, dataclass or None; ``default`` if absent/None."""
+    node = config
+    for part in key.split("."):
+        if node is None:
+            return default
+        node = node.get(part, None) if isinstance(node, Mapping) else getattr(node, part, None)
+    return default if node is None else node
+
+
+# ------------------------------------------------------------------------------------------------ sharding
+def create_device_mesh(world_size: int | None = None, fsdp_size: int = -1):
+    """1-D mesh ``("fsdp",)`` over all ranks, or a 2-D HSDP mesh ``("ddp", "fsdp")`` when 0 < fsdp_size < world."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world_size = world_size or dist.get_world_size()
+    device = get_device_name()
+    if fsdp_size is None or fsdp_size <= 0 or fsdp_size >= world_size:
+        return init_device_mesh(device, (world_size,), mesh_dim_names=("fsdp",))
+    if world_size % fsdp_size != 0:
+        raise ValueError(f"fsdp_config.fsdp_size={fsdp_size} must divide the world size {world_size} (or be -1)")
+    return init_device_mesh(device, (world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp"))
+
+
+def _as_mesh(mesh_or_group):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if mesh_or_group is None:
+        return create_device_mesh()
+    if isinstance(mesh_or_group, DeviceMesh):
+        return mesh_or_group
+    return DeviceMesh.from_group(mesh_or_group, get_device_name())
+
+
+def get_fsdp_wrap_modules(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers: modules whose class is in the HF model's ``_no_split_modules``, else ``model.model.layers``."""
+    base = unwrap_peft(model)
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    found = [m for m in model.modules() if type(m).__name__ in names] if names else []
+    if found:
+        return found
+    layers = getattr(getattr(base, "model", None), "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def get_mixed_precision_policy(fsdp_config, model: nn.Module | None = None) -> MixedPrecisionPolicy:
+    """``fsdp_config.mixed_precision.{param_dtype, reduce_dtype}``, else ``fsdp_config.dtype`` as the compute dtype
+    with fp32 gradient reduction. A compute dtype equal to the stored parameter dtype means no cast."""
+    mp = cfg_get(fsdp_config, "mixed_precision", None)
+    param_dtype = to_torch_dtype(cfg_get(mp, "param_dtype", None) or cfg_get(fsdp_config, "dtype", None), None)
+    reduce_dtype = to_torch_dtype(cfg_get(mp, "reduce_dtype", None), torch.float32)
+    stored = None
+    if model is not None:
+        stored = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if param_dtype == stored:
+        param_dtype = None  # compute in the stored dtype: no cast
+    if param_dtype is None and reduce_dtype == stored:
+        reduce_dtype = None
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=True)
+
+
+def apply_fsdp2(model: nn.Module, fsdp_config=None, device_mesh=None) -> nn.Module:
+    """Shard ``model`` in place with FSDP2: each decoder layer, then the root (embeddings, final norm, head).
+
+    ``device_mesh``: a DeviceMesh (1-D, or 2-D ``("ddp", "fsdp")`` for HSDP), a ProcessGroup, or None (all ranks).
+    Keys read from ``fsdp_config``: ``dtype`` / ``mixed_precision.{param_dtype, reduce_dtype}``,
+    ``reshard_after_forward`` (default True), ``offload_policy`` / ``param_offload`` (``CPUOffloadPolicy`` on
+    accelerators; on CPU parameters already live in host memory, so it is accepted and does nothing).
+    """
+    mesh = _as_mesh(device_mesh)
+    kwargs = dict(
+        mesh=mesh,
+        mp_policy=get_mixed_precision_policy(fsdp_config, model),
+        reshard_after_forward=bool(cfg_get(fsdp_config, "reshard_after_forward", True)),
+    )
+    if cfg_get(fsdp_config, "offload_policy", False) and get_device_name() != "cpu":
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    for module in get_fsdp_wrap_modules(model):
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def fsdp_version(model: nn.Module) -> int:
+    """2 for an FSDP2-sharded module, 0 otherwise (FSDP1 is not supported here)."""
+    return 2 if isinstance(model, FSDPModule) else 0
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing of the decoder layers (non-reentrant, works with FSDP2 and LoRA)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if is_peft_model(model) and hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+
+
+# ------------------------------------------------------------------------------------------------ LoRA
+def is_peft_model(model: nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _to_plain(value):
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(value, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return value
+
+
+def apply_lora(model: nn.Module, lora_rank: int, lora_alpha: float = 16, target_modules="all-linear",
+               exclude_modules=None) -> nn.Module:
+    """Wrap ``model`` with peft LoRA adapters (rank ``lora_rank``); only adapter weights stay trainable.
+
+    A token-classification critic keeps its value head (``score``) trainable as well.
+    """
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    if lora_rank <= 0:
+        raise ValueError(f"apply_lora needs lora_rank > 0, got {lora_rank}")
+    is_token_cls = type(model).__name__.endswith("ForTokenClassification")
+    config = LoraConfig(
+        task_type=TaskType.TOKEN_CLS if is_token_cls else TaskType.CAUSAL_LM,
+        r=int(lora_rank),
+        lora_alpha=lora_alpha,
+        target_modules=_to_plain(target_modules),
+        exclude_modules=_to_plain(exclude_modules),
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+# ------------------------------------------------------------------------------------------------ optimizer
+def build_optimizer(params: Iterable, optim_cfg) -> torch.optim.Optimizer:
+    """``optim.optimizer`` (default AdamW) from ``optim.optimizer_impl`` (default torch.optim) with ``lr``,
+    ``betas``, ``weight_decay`` (+ ``eps``) and any ``override_optimizer_config`` kwargs."""
+    impl = cfg_get(optim_cfg, "optimizer_impl", "torch.optim")
+    name = cfg_get(optim_cfg, "optimizer", "AdamW")
+    try:
+        cls = getattr(importlib.import_module(impl), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"optim.optimizer={name!r} not found in optim.optimizer_impl={impl!r}") from err
+    kwargs = {"lr": float(cfg_get(optim_cfg, "lr", 1e-6)), "weight_decay": float(cfg_get(optim_cfg, "weight_decay", 0.01))}
+    if name.lower().startswith("adam"):
+        kwargs["betas"] = tuple(float(b) for b in cfg_get(optim_cfg, "betas", (0.9, 0.999)))
+        if cfg_get(optim_cfg, "eps", None) is not None:
+            kwargs["eps"] = float(cfg_get(optim_cfg, "eps"))
+    kwargs.update(_to_plain(cfg_get(optim_cfg, "override_optimizer_config", None)) or {})
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("build_optimizer: no trainable parameters")
+    return cls(params, **kwargs)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int | None = None):
+    """Warm-up then constant or cosine (``lr_scheduler_type``, or the older ``warmup_style``).
+
+    Warm-up steps: ``lr_warmup_steps`` when > 0, else ``lr_warmup_steps_ratio * total_steps``. ``total_steps``
+    defaults to ``optim.total_training_steps``. Cosine decays to ``min_lr_ratio * lr`` over ``num_cycles``.
+    """
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+
+    total = total_steps if total_steps and total_steps > 0 else int(cfg_get(optim_cfg, "total_training_steps", -1))
+    warmup = int(cfg_get(optim_cfg, "lr_warmup_steps", -1))
+    if warmup <= 0:
+        warmup = int(float(cfg_get(optim_cfg, "lr_warmup_steps_ratio", 0.0)) * max(total, 0))
+    style = cfg_get(optim_cfg, "warmup_style", None) or cfg_get(optim_cfg, "lr_scheduler_type", "constant")
+    if style == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+    if style == "cosine":
+        if total <= 0:
+            raise ValueError("lr_scheduler_type=cosine needs the total number of training steps "
+                             "(optim.total_training_steps or the total_steps argument)")
+        return get_cosine_schedule_with_warmup(
+            optimizer, num_warmup_steps=warmup, num_training_steps=total,
+            min_lr_ratio=float(cfg_get(optim_cfg, "min_lr_ratio", 0.0)),
+            num_cycles=float(cfg_get(optim_cfg, "num_cycles", 0.5)),
+        )
+    raise ValueError(f"optim.lr_scheduler_type={style!r} is not supported; use constant or cosine")
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float | None, norm_type: float = 2.0) -> float:
+    """Global gradient norm over (DTensor or plain) gradients, clipped to ``max_norm`` when it is finite.
+
+    Returns the pre-clip norm as a float. A non-finite norm leaves the gradients untouched: the caller should
+    skip ``optimizer.step()`` (and zero the gradients), as the actor and critic do.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return 0.0
+    total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=norm_type)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    norm = float(total.item())
+    if max_norm is not None and max_norm > 0 and math.isfinite(norm):
+        coef = float(max_norm) / (norm + 1e-6)
+        if coef < 1.0:
+            for p in params:
+                p.grad.mul_(coef)
+    return norm
+
+
+# ------------------------------------------------------------------------------------------------ full weights
+_PEFT_PREFIX = "base_model.model."
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _lora_layers(model: nn.Module) -> dict:
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # pragma: no cover
+        return {}
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def _lora_delta(layer) -> torch.Tensor | None:
+    """sum over active adapters of scaling * B @ A (full tensors; collective when sharded)."""
+    delta = None
+    for adapter in layer.active_adapters:
+        if adapter not in getattr(layer, "lora_A", {}):
+            continue
+        a = _full(layer.lora_A[adapter].weight).float()
+        b = _full(layer.lora_B[adapter].weight).float()
+        d = (b @ a) * layer.scaling[adapter]
+        if getattr(layer, "fan_in_fan_out", False):
+            d = d.T
+        delta = d if delta is None else delta + d
+    return delta
+
+
+def hf_name(key: str) -> str | None:
+    """peft state-dict key -> base HF name; None for keys that are merged away (adapters, original copies)."""
+    if "lora_" in key or ".original_module." in key:
+        return None
+    if key.startswith(_PEFT_PREFIX):
+        key = key[len(_PEFT_PREFIX):]
+    return key.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+
+
+def iter_full_state_dict(model: nn.Module, dtype: torch.dtype | None = None, device: str | torch.device | None = "cpu"
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full_tensor)`` one parameter/buffer at a time, in state-dict order.
+
+    Sharded DTensors are gathered with ``full_tensor()`` (a collective: every rank of the mesh must iterate in
+    step). For a peft LoRA model the adapters are merged into their base weights (W + scaling * B A) and the
+    names are the base model's HF names. Tied weights (``lm_head.weight`` tied to the embeddings) are yielded
+    under both names. Tensors are detached, on ``device`` (None: where they are) and cast to ``dtype`` if given.
+    """
+    peft = is_peft_model(model)
+    lora = _lora_layers(model) if peft else {}
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            name = hf_name(key) if peft else key
+            if name is None:
+                continue
+            full = _full(value).detach()
+            if peft and key.endswith(".base_layer.weight"):
+                layer = lora.get(key[: -len(".base_layer.weight")])
+                delta = _lora_delta(layer) if layer is not None else None
+                if delta is not None:
+                    full = (full.float() + delta.to(full.device)).to(full.dtype)
+            if device is not None:
+                full = full.to(device)
+            if dtype is not None and full.is_floating_point():
+                full = full.to(dtype)
+            yield name, full
+
+
+def get_full_state_dict(model: nn.Module, rank0_only: bool = False, dtype: torch.dtype | None = None
+                        ) -> dict[str, torch.Tensor]:
+    """All full tensors on CPU keyed by HF name (see :func:`iter_full_state_dict`); {} off rank 0 if rank0_only."""
+    keep = not rank0_only or not dist.is_initialized() or dist.get_rank() == 0
+    out, ptrs = {}, set()
+    for name, tensor in iter_full_state_dict(model, dtype=dtype):
+        if keep:
+            if tensor.data_ptr() in ptrs:  # tied weights of an unsharded model: give each name its own tensor
+                tensor = tensor.clone()
+            ptrs.add(tensor.data_ptr())
+            out[name] = tensor
+    return out
+
+
+def load_full_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+    """Copy full (unsharded, HF-named) tensors into a possibly sharded, possibly peft-wrapped model.
+
+    Every rank passes the same full tensors; each keeps its own shard. For a peft model the base weights are
+    loaded and the adapters are left as they are.
+    """
+    peft = is_peft_model(model)
+    own = model.state_dict()
+    seen = set()
+    with torch.no_grad():
+        for key, cur in own.items():
+            name = hf_name(key) if peft else key
+            if name is None:
+                continue
+            if name not in state_dict:
+                if strict:
+                    raise KeyError(f"load_full_state_dict: {name!r} missing from the given state dict")
+                continue
+            seen.add(name)
+            full = state_dict[name].to(dtype=cur.dtype)
+            if isinstance(cur, DTensor):
+                shard = distribute_tensor(full.to(cur.device), cur.device_mesh, cur.placements, src_data_rank=None)
+                cur.to_local().copy_(shard.to_local())
+            else:
+                cur.copy_(full.to(cur.device))
+    extra = set(state_dict) - seen
+    if strict and extra:
+        raise KeyError(f"load_full_state_dict: unexpected keys {sorted(extra)[:5]}...")
+
+
+# ------------------------------------------------------------------------------------------------ offload
+def _on_accelerator() -> bool:
+    return get_device_name() != "cpu"
+
+
+def offload_fsdp_model_to_cpu(model: nn.Module, empty_cache: bool = True) -> None:
+    """Move the (sharded) parameters to host memory between phases. No-op on CPU."""
+    if not _on_accelerator():
+        return
+    model.cpu()
+    if empty_cache:
+        get_torch_device().empty_cache()
+
+
+def load_fsdp_model_to_gpu(model: nn.Module) -> None:
+    """Bring offloaded parameters back to this process's accelerator. No-op on CPU."""
+    if not _on_accelerator():
+        return
+    model.to(torch.device(get_device_name(), get_torch_device().current_device()))
+
+
+def offload_fsdp_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Move optimizer state tensors to host memory. No-op on CPU."""
+    if not _on_accelerator() or not optimizer.state:
+        return
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor):
+                state[k] = v.to("cpu", non_blocking=True)
+    get_torch_device().synchronize()
+
+
+def load_fsdp_optimizer(optimizer: torch.optim.Optimizer, device_id=None) -> None:
+    """Move optimizer state tensors back to the accelerator. No-op on CPU."""
+    if not _on_accelerator() or not optimizer.state:
+        return
+    device = torch.device(get_device_name(), get_torch_device().current_device() if device_id is None else device_id)
+    for state in optimizer.state.values():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor):
+                state[k] = v.to(device, non_blocking=True)
+    get_torch_device().synchronize()

@@ -1,0 +1,71 @@
+"""Remove-padding ("packing") helpers.
+
+A padded batch ``(B, T)`` with a 0/1 ``attention_mask`` is packed into one row ``(1, total_valid_tokens)``;
+each sequence keeps its own ``position_ids`` (0..L-1), so attention must not cross sequence borders.
+transformers (>= 4.5x, checked on 5.19) builds that block-diagonal causal mask itself for sdpa / eager /
+flex attention when the model is called with ``attention_mask=None`` and packed ``position_ids`` (positions
+restarting at 0 mark a new sequence); flash-attention backends read the same ``position_ids``. So a packed
+forward is simply ``model(input_ids=packed_ids, position_ids=packed_pos, attention_mask=None, use_cache=False)``.
+
+Names and return shapes follow flash-attn's ``bert_padding`` helpers, which verl's code calls.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def get_unpad_data(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(indices of valid tokens in the flattened batch, cu_seqlens int32 (B+1,), max sequence length)."""
+    seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+    max_seqlen = int(seqlens.max().item()) if seqlens.numel() else 0
+    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    return indices, cu_seqlens, max_seqlen
+
+
+def index_first_axis(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``x.flatten(0, 1)[indices]`` for x of shape (B, T, ...)."""
+    return x.reshape(-1, *x.shape[2:])[indices]
+
+
+def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor):
+    """(B, T, ...) -> (total, ...), indices, cu_seqlens, max_seqlen_in_batch."""
+    indices, cu_seqlens, max_seqlen = get_unpad_data(attention_mask)
+    return index_first_axis(hidden_states, indices), indices, cu_seqlens, max_seqlen
+
+
+def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """Inverse of :func:`unpad_input`: (total, ...) -> (B, T, ...) with zeros on padding."""
+    out = hidden_states.new_zeros((batch * seqlen, *hidden_states.shape[1:]))
+    out[indices] = hidden_states
+    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
+
+
+def pack_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None):
+    """Pack a padded batch into one row.
+
+    Returns ``(input_ids_rmpad (1, total), position_ids_rmpad (1, total), indices, cu_seqlens)``. When
+    ``position_ids`` is None they are rebuilt as 0..L-1 per sequence. Multi-dimensional rope position ids
+    (shape (B, C, T)) are packed along the last axis to (C, 1, total).
+    """
+    batch, seqlen = input_ids.shape
+    indices, cu_seqlens, _ = get_unpad_data(attention_mask)
+    ids = input_ids.reshape(-1)[indices].unsqueeze(0)
+    if position_ids is None:
+        seqlens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        starts = torch.repeat_interleave(cu_seqlens[:-1].long(), seqlens)
+        pos = (torch.arange(ids.shape[1], device=ids.device) - starts).unsqueeze(0)
+    elif position_ids.dim() == 3:  # (B, C, T) -> (C, 1, total)
+        pos = torch.stack([index_first_axis(position_ids[:, c].unsqueeze(-1), indices)[:, 0] for c in range(position_ids.shape[1])])
+        pos = pos.unsqueeze(1)
+    else:
+        pos = position_ids.reshape(-1)[indices].unsqueeze(0)
+    return ids, pos, indices, cu_seqlens
+
+
+def unpack_to_padded(values: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """(1, total) or (total,) per-token values -> (B, T) with zeros on padding."""
+    flat = values.reshape(-1)
+    return pad_input(flat.unsqueeze(-1), indices, batch, seqlen).squeeze(-1)
