@@ -1,0 +1,181 @@
+"""RLHFDataset over verl-schema parquet files, with the embedded tokenizer."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn, create_rl_dataset, get_dataset_class
+from verl.utils.embedded import load_tokenizer
+from verl.utils.embedded.arithmetic import make_rl_rows
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def write(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), str(path))
+    return str(path)
+
+
+def cfg(**kw):
+    base = dict(prompt_key="prompt", max_prompt_length=64, truncation="error", filter_overlong_prompts=False,
+                return_raw_chat=False, return_full_prompt=False, shuffle=True, seed=None,
+                custom_cls={"path": None, "name": None})
+    base.update(kw)
+    return OmegaConf.create(base)
+
+
+def chat_ids(tok, content):
+    text = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(text, add_special_tokens=False)
+
+
+@pytest.fixture
+def arith_file(tmp_path):
+    return write(tmp_path / "train.parquet", make_rl_rows(12, split="train", seed=0))
+
+
+def test_item_layout_and_passthrough(tok, arith_file):
+    ds = RLHFDataset(arith_file, tok, cfg(return_raw_chat=True, return_full_prompt=True))
+    assert len(ds) == 12
+    item = ds[3]
+    row = make_rl_rows(12, split="train", seed=0)[3]
+    ids = chat_ids(tok, row["prompt"][0]["content"])
+    assert item["raw_prompt_ids"] == ids
+    assert item["input_ids"].shape == (64,) and item["input_ids"].dtype == torch.long
+    n = len(ids)
+    assert item["input_ids"][-n:].tolist() == ids
+    assert (item["input_ids"][:-n] == tok.pad_token_id).all()
+    assert item["attention_mask"].tolist() == [0] * (64 - n) + [1] * n
+    assert item["position_ids"][-n:].tolist() == list(range(n)) and (item["position_ids"][:-n] == 0).all()
+    assert item["raw_prompt"] == row["prompt"]
+    assert item["full_prompts"] == tok.decode(ids)
+    assert item["data_source"] == "arithmetic" and item["reward_model"] == row["reward_model"]
+    assert item["extra_info"] == row["extra_info"] and item["index"] == 3
+    assert "prompt" not in item  # the prompt column is consumed (verl pops it)
+    plain = RLHFDataset(arith_file, tok, cfg())[3]
+    assert "raw_prompt" not in plain and "full_prompts" not in plain
+
+
+def test_collate_fn(tok, arith_file):
+    ds = RLHFDataset(arith_file, tok, cfg(return_raw_chat=True))
+    batch = collate_fn([ds[i] for i in range(4)])
+    assert batch["input_ids"].shape == (4, 64) and batch["attention_mask"].dtype == torch.long
+    for key in ("raw_prompt_ids", "raw_prompt", "data_source", "reward_model", "extra_info", "index"):
+        assert isinstance(batch[key], np.ndarray) and batch[key].dtype == object and batch[key].shape == (4,), key
+    assert batch["raw_prompt_ids"][1] == ds[1]["raw_prompt_ids"]
+    same_len = collate_fn([{"l": [1, 2]}, {"l": [3, 4]}])["l"]  # must stay 1-D, not become a (2, 2) array
+    assert same_len.shape == (2,) and same_len[1] == [3, 4]
+
+
+LONG = "0123456789" * 4  # 40 content characters -> 64 tokens with the chat template
+
+
+@pytest.mark.parametrize("mode", ["left", "right", "middle"])
+def test_truncation_modes(tok, tmp_path, mode):
+    f = write(tmp_path / "long.parquet", [{"prompt": [{"role": "user", "content": LONG}], "data_source": "x"}])
+    full = chat_ids(tok, LONG)
+    m = 20
+    item = RLHFDataset(f, tok, cfg(max_prompt_length=m, truncation=mode))[0]
+    expect = {"left": full[-m:], "right": full[:m], "middle": full[: m // 2] + full[-(m - m // 2) :]}[mode]
+    assert item["raw_prompt_ids"] == expect
+    assert item["input_ids"].tolist() == expect and item["attention_mask"].sum() == m
+
+
+def test_truncation_error_names_file_row_and_fix(tok, tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "1+1="}]}, {"prompt": [{"role": "user", "content": LONG}]}]
+    f = write(tmp_path / "mixed.parquet", rows)
+    ds = RLHFDataset(f, tok, cfg(max_prompt_length=30, truncation="error"))
+    assert ds[0]["attention_mask"].sum() > 0
+    with pytest.raises(ValueError) as err:
+        ds[1]
+    msg = str(err.value)
+    assert "row 1 of" in msg and "mixed.parquet" in msg and "data.max_prompt_length=30" in msg
+    assert "data.truncation=left|right|middle" in msg and "data.filter_overlong_prompts=True" in msg
+
+
+def test_filter_overlong_prompts(tok, tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": c}], "extra_info": {"index": i}} for i, c in enumerate(["1+1=", LONG, "22+3="])]
+    f = write(tmp_path / "f.parquet", rows)
+    ds = RLHFDataset(f, tok, cfg(max_prompt_length=30, filter_overlong_prompts=True))
+    assert len(ds) == 2 and [ds[i]["index"] for i in range(2)] == [0, 2]
+    with pytest.raises(ValueError, match="every prompt .* raise data.max_prompt_length"):
+        RLHFDataset(f, tok, cfg(max_prompt_length=5, filter_overlong_prompts=True))
+
+
+def test_multiple_files_tilde_and_max_samples(tok, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write(tmp_path / "a.parquet", make_rl_rows(5, split="a", seed=1))
+    write(tmp_path / "b.parquet", make_rl_rows(7, split="b", seed=2))
+    ds = RLHFDataset(["~/a.parquet", "~/b.parquet"], tok, cfg())
+    assert len(ds) == 12
+    assert ds[4]["extra_info"]["split"] == "a" and ds[5]["extra_info"]["split"] == "b"
+    assert ds[5]["index"] == 0  # extra_info.index of b's first row
+    capped = create_rl_dataset(["~/a.parquet", "~/b.parquet"], cfg(train_max_samples=3, shuffle=False), tok, None)
+    assert len(capped) == 3 and [capped[i]["extra_info"]["index"] for i in range(3)] == [0, 1, 2]
+    val = create_rl_dataset("~/b.parquet", cfg(train_max_samples=3, val_max_samples=-1), tok, None, is_train=False)
+    assert len(val) == 7
+    shuffled = create_rl_dataset(["~/a.parquet", "~/b.parquet"], cfg(train_max_samples=6, shuffle=True, seed=3), tok, None)
+    again = create_rl_dataset(["~/a.parquet", "~/b.parquet"], cfg(train_max_samples=6, shuffle=True, seed=3), tok, None)
+    assert len(shuffled) == 6 and [r["extra_info"] for r in shuffled.dataframe] == [r["extra_info"] for r in again.dataframe]
+
+
+def test_bad_inputs_name_what_to_fix(tok, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+        RLHFDataset(str(tmp_path / "nope.parquet"), tok, cfg())
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), str(empty))
+    with pytest.raises(ValueError, match="empty.parquet has no rows"):
+        RLHFDataset(str(empty), tok, cfg())
+    f = write(tmp_path / "q.parquet", [{"question": "1+1=", "answer": "2"}])
+    with pytest.raises(KeyError) as err:
+        RLHFDataset(f, tok, cfg())
+    assert "q.parquet" in str(err.value) and "'prompt'" in str(err.value) and "data.prompt_key" in str(err.value)
+    assert "question" in str(err.value)
+    ok = RLHFDataset(f, tok, cfg(prompt_key="question"))  # a bare string prompt becomes one user turn
+    assert ok[0]["raw_prompt_ids"] == chat_ids(tok, "1+1=")
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet")
+    with pytest.raises(ValueError, match="junk.parquet is not a readable parquet"):
+        RLHFDataset(str(junk), tok, cfg())
+    with pytest.raises(ValueError, match="data.truncation='both'"):
+        RLHFDataset(f, tok, cfg(prompt_key="question", truncation="both"))
+    bad_prompt = write(tmp_path / "bad.parquet", [{"prompt": 3}])
+    with pytest.raises(ValueError, match="row 0 of .*bad.parquet must be a chat list"):
+        RLHFDataset(bad_prompt, tok, cfg())[0]
+
+
+CUSTOM = '''
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+class TaggedDataset(RLHFDataset):
+    def __getitem__(self, item):
+        row = super().__getitem__(item)
+        row["tag"] = "custom"
+        return row
+
+class NotADataset:
+    pass
+'''
+
+
+def test_custom_cls(tok, tmp_path, arith_file):
+    path = tmp_path / "my_ds.py"
+    path.write_text(CUSTOM)
+    c = cfg(custom_cls={"path": str(path), "name": "TaggedDataset"})
+    cls = get_dataset_class(c)
+    assert cls.__name__ == "TaggedDataset"
+    ds = create_rl_dataset(arith_file, c, tok, None)
+    assert ds[0]["tag"] == "custom" and len(ds) == 12
+    assert get_dataset_class(cfg()) is RLHFDataset
+    with pytest.raises(AttributeError, match="'Missing' is not defined in .*my_ds.py"):
+        get_dataset_class(cfg(custom_cls={"path": str(path), "name": "Missing"}))
+    with pytest.raises(FileNotFoundError, match="data.custom_cls.path=.*nothere.py"):
+        get_dataset_class(cfg(custom_cls={"path": str(tmp_path / "nothere.py"), "name": "X"}))
+    with pytest.raises(TypeError, match="NotADataset"):
+        get_dataset_class(cfg(custom_cls={"path": str(path), "name": "NotADataset"}))

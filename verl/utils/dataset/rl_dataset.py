@@ -1,0 +1,315 @@
+"""The RL prompt dataset (verl's ``RLHFDataset``) and the helpers the trainer builds it with.
+
+Rows follow verl's parquet schema: a chat list under ``data.prompt_key`` (default ``prompt``) plus any other
+columns (``data_source``, ``reward_model``, ``extra_info``, ...), which are passed through unchanged.
+Each item is one prompt rendered with the tokenizer's chat template (``add_generation_prompt=True``) and
+left-padded to ``data.max_prompt_length``:
+
+    input_ids, attention_mask, position_ids   1-D int64 tensors of length max_prompt_length
+    raw_prompt_ids                            the unpadded token ids (list of int)
+    raw_prompt                                the chat list            (data.return_raw_chat=True)
+    full_prompts                              the rendered string      (data.return_full_prompt=True)
+    index                                     extra_info["index"], else the row number
+    <every other column of the row>
+
+Prompts longer than ``max_prompt_length`` are dropped up front (``data.filter_overlong_prompts=True``) or cut
+according to ``data.truncation``: ``left`` keeps the end, ``right`` the start, ``middle`` both ends, ``error``
+raises naming the file and row.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import os
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+OVERLONG_FIX = (
+    "set data.truncation=left|right|middle, or data.filter_overlong_prompts=True, or raise data.max_prompt_length"
+)
+
+
+def _cfg_get(config, key: str, default=None):
+    """``config.get`` for DictConfig, dict or None, treating an explicit None as missing."""
+    if config is None:
+        return default
+    value = config.get(key, default)
+    return default if value is None else value
+
+
+def _as_file_list(data_files) -> list[str]:
+    if isinstance(data_files, (str, os.PathLike)):
+        data_files = [data_files]
+    files = [os.path.expanduser(str(f)) for f in data_files]
+    if not files:
+        raise ValueError("no data files given; set data.train_files / data.val_files to one or more parquet files")
+    return files
+
+
+def read_parquet_rows(path: str) -> list[dict]:
+    """All rows of one parquet file as Python dicts, with errors that name the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"data file {path} does not exist; check data.train_files / data.val_files "
+            "(examples/data_preprocess/*.py write train.parquet and test.parquet)"
+        )
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"data file {path} is not a readable parquet file: {err}") from err
+    if table.num_rows == 0:
+        raise ValueError(f"data file {path} has no rows; regenerate it or remove it from the data files")
+    return table.to_pylist()
+
+
+def truncate_ids(ids: list[int], max_length: int, truncation: str) -> list[int]:
+    """Cut ``ids`` to ``max_length`` tokens: left keeps the tail, right the head, middle both ends."""
+    if len(ids) <= max_length:
+        return ids
+    if truncation == "left":
+        return ids[-max_length:]
+    if truncation == "right":
+        return ids[:max_length]
+    if truncation == "middle":
+        head = max_length // 2
+        tail = max_length - head
+        return ids[:head] + (ids[-tail:] if tail else [])
+    raise ValueError(f"unknown truncation {truncation!r}; choose one of {TRUNCATION_MODES}")
+
+
+def left_pad(ids: list[int], max_length: int, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask, position_ids)`` of length ``max_length``, padding on the left."""
+    n_pad = max_length - len(ids)
+    input_ids = torch.tensor([pad_token_id] * n_pad + list(ids), dtype=torch.long)
+    attention_mask = torch.cat([torch.zeros(n_pad, dtype=torch.long), torch.ones(len(ids), dtype=torch.long)])
+    position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
+    return input_ids, attention_mask, position_ids
+
+
+class RLHFDataset(Dataset):
+    """Prompts from one or many parquet files, tokenized with the chat template (see the module docstring).
+
+    Config keys read from ``config`` (the ``data`` section): prompt_key, max_prompt_length, truncation,
+    filter_overlong_prompts, return_raw_chat, return_full_prompt, chat_template, apply_chat_template_kwargs,
+    shuffle and seed (only to choose which rows ``max_samples`` keeps).
+    """
+
+    def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
+        self.data_files = _as_file_list(data_files)
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.config = config
+        self.max_samples = int(max_samples if max_samples is not None else -1)
+
+        self.prompt_key = _cfg_get(config, "prompt_key", "prompt")
+        self.max_prompt_length = int(_cfg_get(config, "max_prompt_length", 1024))
+        self.truncation = _cfg_get(config, "truncation", "error")
+        self.filter_overlong_prompts = bool(_cfg_get(config, "filter_overlong_prompts", False))
+        self.return_raw_chat = bool(_cfg_get(config, "return_raw_chat", False))
+        self.return_full_prompt = bool(_cfg_get(config, "return_full_prompt", False))
+        self.chat_template = _cfg_get(config, "chat_template", None)
+        self.apply_chat_template_kwargs = dict(_cfg_get(config, "apply_chat_template_kwargs", {}))
+        self.shuffle = bool(_cfg_get(config, "shuffle", False))
+        self.seed = int(_cfg_get(config, "seed", 1))
+
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation={self.truncation!r} is not one of {'|'.join(TRUNCATION_MODES)}")
+        if self.max_prompt_length <= 0:
+            raise ValueError(f"data.max_prompt_length must be positive, got {self.max_prompt_length}")
+        if self.chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "the tokenizer has no chat template; use a chat model's tokenizer or set data.chat_template"
+            )
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+
+        self._read_files_and_tokenize()
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def _read_files_and_tokenize(self) -> None:
+        rows, origins = [], []
+        for path in self.data_files:
+            file_rows = read_parquet_rows(path)
+            if self.prompt_key not in file_rows[0]:
+                raise KeyError(
+                    f"data file {path} has no column {self.prompt_key!r} (data.prompt_key); its columns are "
+                    f"{sorted(file_rows[0])}; set data.prompt_key to the column holding the chat prompt"
+                )
+            rows.extend(file_rows)
+            origins.extend((path, i) for i in range(len(file_rows)))
+        if 0 < self.max_samples < len(rows):
+            if self.shuffle:
+                keep = np.sort(np.random.default_rng(self.seed).choice(len(rows), self.max_samples, replace=False))
+            else:
+                keep = np.arange(self.max_samples)
+            rows = [rows[i] for i in keep]
+            origins = [origins[i] for i in keep]
+        self.dataframe: list[dict] = rows
+        self._origins: list[tuple[str, int]] = origins
+        self.maybe_filter_out_long_prompts()
+
+    def maybe_filter_out_long_prompts(self) -> None:
+        """Drop rows whose rendered prompt exceeds max_prompt_length (only with filter_overlong_prompts)."""
+        if not self.filter_overlong_prompts:
+            return
+        texts = [self._render(self._build_messages(dict(row), i)) for i, row in enumerate(self.dataframe)]
+        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        keep = [i for i, n in enumerate(lengths) if n <= self.max_prompt_length]
+        dropped = len(self.dataframe) - len(keep)
+        if not keep:
+            raise ValueError(
+                f"every prompt in {self.data_files} is longer than data.max_prompt_length={self.max_prompt_length} "
+                f"tokens (shortest: {min(lengths)}); raise data.max_prompt_length"
+            )
+        if dropped:
+            logger.warning("filtered %d of %d prompts longer than %d tokens", dropped, len(lengths), self.max_prompt_length)
+        self.dataframe = [self.dataframe[i] for i in keep]
+        self._origins = [self._origins[i] for i in keep]
+
+    # ---- one item ------------------------------------------------------------------------------------------
+    def _where(self, item: int) -> str:
+        path, row = self._origins[item]
+        return f"row {row} of {path}"
+
+    def _build_messages(self, example: dict, item: int) -> list[dict]:
+        """Pop the prompt column and return it as a chat list (a bare string becomes one user turn)."""
+        prompt = example.pop(self.prompt_key)
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt}]
+        if isinstance(prompt, np.ndarray):
+            prompt = prompt.tolist()
+        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+            raise ValueError(
+                f"{self.prompt_key!r} in {self._where(item)} must be a chat list like "
+                f"[{{'role': 'user', 'content': '...'}}], got {type(prompt).__name__}"
+            )
+        return prompt
+
+    def _render(self, messages: list[dict]) -> str:
+        kwargs = dict(self.apply_chat_template_kwargs)
+        if self.chat_template is not None:
+            kwargs["chat_template"] = self.chat_template
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.dataframe)
+
+    def __getitem__(self, item: int) -> dict[str, Any]:
+        row = copy.deepcopy(self.dataframe[item])
+        if self.processor is not None and any(k in row for k in ("images", "videos")):
+            raise NotImplementedError("multi-modal prompts (images/videos columns) are not supported yet")
+        messages = self._build_messages(row, item)
+        raw_prompt = self._render(messages)
+        ids = self.tokenizer.encode(raw_prompt, add_special_tokens=False)
+        if len(ids) > self.max_prompt_length:
+            if self.truncation == "error":
+                raise ValueError(
+                    f"prompt in {self._where(item)} is {len(ids)} tokens, longer than "
+                    f"data.max_prompt_length={self.max_prompt_length}; {OVERLONG_FIX}"
+                )
+            ids = truncate_ids(ids, self.max_prompt_length, self.truncation)
+        row["input_ids"], row["attention_mask"], row["position_ids"] = left_pad(
+            ids, self.max_prompt_length, self.tokenizer.pad_token_id
+        )
+        row["raw_prompt_ids"] = ids
+        if self.return_raw_chat:
+            row["raw_prompt"] = messages
+        if self.return_full_prompt:
+            row["full_prompts"] = raw_prompt
+        extra_info = row.get("extra_info")
+        index = extra_info.get("index") if isinstance(extra_info, dict) else None
+        row["index"] = item if index is None else index
+        return row
+
+
+def collate_fn(data_list: list[dict]) -> dict[str, Any]:
+    """Stack tensors; gather everything else into 1-D object arrays (one entry per sample)."""
+    tensors, non_tensors = defaultdict(list), defaultdict(list)
+    for data in data_list:
+        for key, value in data.items():
+            (tensors if isinstance(value, torch.Tensor) else non_tensors)[key].append(value)
+    out: dict[str, Any] = {key: torch.stack(values, dim=0) for key, values in tensors.items()}
+    for key, values in non_tensors.items():
+        arr = np.empty(len(values), dtype=object)  # element by element: numpy would turn equal-length lists 2-D
+        for i, value in enumerate(values):
+            arr[i] = value
+        out[key] = arr
+    return out
+
+
+# ---- construction helpers used by the trainer -------------------------------------------------------------
+def get_dataset_class(data_config):
+    """``RLHFDataset``, or the class named by ``data.custom_cls.{path,name}`` (loaded from the user's file)."""
+    custom = _cfg_get(data_config, "custom_cls", None)
+    path = _cfg_get(custom, "path", None)
+    if path is None:
+        return RLHFDataset
+    name = _cfg_get(custom, "name", None)
+    if not name:
+        raise ValueError(f"data.custom_cls.path={path} is set but data.custom_cls.name is empty; name the class")
+    from verl.utils.import_utils import load_module
+
+    if not path.startswith("pkg://") and not os.path.isfile(os.path.expanduser(path)):
+        raise FileNotFoundError(f"data.custom_cls.path={path}: no such file; point it at the .py file defining {name}")
+    module = load_module(path)
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise AttributeError(f"data.custom_cls.name={name!r} is not defined in {path} (data.custom_cls.path)")
+    if not (isinstance(cls, type) and issubclass(cls, Dataset)):
+        raise TypeError(f"data.custom_cls {name} in {path} must be a subclass of torch.utils.data.Dataset")
+    return cls
+
+
+def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True, max_samples=None):
+    """Build the train (or validation) dataset; ``max_samples`` defaults to data.train/val_max_samples."""
+    cls = get_dataset_class(data_config)
+    if max_samples is None:
+        max_samples = _cfg_get(data_config, "train_max_samples" if is_train else "val_max_samples", -1)
+    kwargs = dict(data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config)
+    params = inspect.signature(cls.__init__).parameters
+    if "max_samples" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs["max_samples"] = max_samples
+    elif max_samples is not None and max_samples > 0:
+        raise ValueError(
+            f"{cls.__name__} (data.custom_cls) takes no max_samples argument; unset data.train_max_samples / "
+            "data.val_max_samples or accept max_samples in its __init__"
+        )
+    return cls(**kwargs)
+
+
+def create_rl_sampler(data_config, dataset):
+    """The sampler for the training dataloader.
+
+    ``data.sampler.class_path``/``class_name`` loads a user sampler built as ``cls(data_source=, data_config=)``;
+    else ``data.shuffle`` (default True) gives a random order seeded by ``data.seed`` (default 1), otherwise the
+    file order. The random sampler can resume mid-epoch: with torchdata installed it is torchdata's
+    ``RandomSampler`` (use ``StatefulDataLoader``, see ``verl.utils.dataset.dataloader``), else
+    ``ResumableRandomSampler``.
+    """
+    from verl.utils.dataset.dataloader import make_random_sampler, make_sequential_sampler
+
+    sampler_cfg = _cfg_get(data_config, "sampler", None)
+    class_path = _cfg_get(sampler_cfg, "class_path", None)
+    if class_path is not None:
+        from verl.utils.import_utils import load_module
+
+        class_name = _cfg_get(sampler_cfg, "class_name", None)
+        cls = getattr(load_module(class_path), class_name or "", None)
+        if cls is None:
+            raise AttributeError(f"data.sampler.class_name={class_name!r} is not defined in {class_path}")
+        return cls(data_source=dataset, data_config=data_config)
+    if _cfg_get(data_config, "shuffle", True):
+        return make_random_sampler(dataset, seed=int(_cfg_get(data_config, "seed", 1)))
+    return make_sequential_sampler(dataset)
