@@ -35,9 +35,26 @@ def _live_children():
 def test_prime_matches_naive_with_default_scorer(char_tokenizer, make_batch):
     rows = [r for r in ROWS if r[1].startswith("####")]
     data = make_batch(rows)
-    prime = PrimeRewardManager(char_tokenizer, 0, num_processes=2, timeout=30)(data)
+    mgr = PrimeRewardManager(char_tokenizer, 0, num_processes=2, timeout=30)
+    prime = mgr(data)
     assert torch.equal(prime, NaiveRewardManager(char_tokenizer, 0)(data))
     assert prime.sum().item() == 2.0
+    mgr.close()
+
+
+def test_prime_reuses_workers_and_pickles_without_them(char_tokenizer, make_batch):
+    import pickle
+
+    data = make_batch([r for r in ROWS if r[1].startswith("####")])
+    mgr = PrimeRewardManager(char_tokenizer, 0, compute_score=misbehaving_scorer, num_processes=2, timeout=30)
+    first = set(mgr(data, return_dict=True)["reward_extra_info"]["pid"])
+    second = set(mgr(data, return_dict=True)["reward_extra_info"]["pid"])
+    assert first == second and os.getpid() not in first and len(first) <= 2
+    clone = pickle.loads(pickle.dumps(mgr))
+    assert clone._pool is None and torch.equal(clone(data), mgr(data))
+    clone.close()
+    mgr.close()
+    assert _live_children() == []
 
 
 def test_prime_survives_hanging_and_raising_scorers(char_tokenizer, make_batch, response_lengths):
@@ -57,10 +74,12 @@ def test_prime_survives_hanging_and_raising_scorers(char_tokenizer, make_batch, 
     assert info["score"] == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert all(isinstance(p, int) and p != os.getpid() for i, p in enumerate(info["pid"]) if i in (0, 2, 4))
     assert out["reward_metrics"] == {"reward/timeout_count": 1, "reward/error_count": 1}
-    assert _live_children() == [], "worker processes must not outlive the call"
+    assert len(_live_children()) <= 2, "the hung worker must be killed, not left running beside its replacement"
 
     mgr(data)  # counters accumulate across calls
     assert (mgr.timeout_count, mgr.error_count) == (2, 2)
+    mgr.close()
+    assert _live_children() == []
 
 
 def test_prime_kills_hung_worker_and_its_children(char_tokenizer, make_batch, tmp_path):
@@ -74,8 +93,9 @@ def test_prime_kills_hung_worker_and_its_children(char_tokenizer, make_batch, tm
         return 1.0
 
     data = make_batch([("Q", "hang", "x", "1"), ("Q", "ok", "x", "1")])
-    out = PrimeRewardManager(char_tokenizer, 0, compute_score=spawning_scorer, num_processes=2,
-                             timeout=1.5)(data, return_dict=True)
+    mgr = PrimeRewardManager(char_tokenizer, 0, compute_score=spawning_scorer, num_processes=2, timeout=1.5)
+    out = mgr(data, return_dict=True)
+    mgr.close()
     assert out["reward_extra_info"]["reward/timeout_count"] == [1, 0]
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 5
@@ -93,8 +113,9 @@ def test_prime_kills_hung_worker_and_its_children(char_tokenizer, make_batch, tm
 def test_prime_replaces_a_crashed_worker(char_tokenizer, make_batch):
     rows = [("Q", "exit", "openai/gsm8k", "8")] + [("Q", "#### 8", "openai/gsm8k", "8")] * 3
     data = make_batch(rows)
-    out = PrimeRewardManager(char_tokenizer, 0, compute_score=misbehaving_scorer, num_processes=1,
-                             timeout=10)(data, return_dict=True)
+    mgr = PrimeRewardManager(char_tokenizer, 0, compute_score=misbehaving_scorer, num_processes=1, timeout=10)
+    out = mgr(data, return_dict=True)
+    mgr.close()
     assert out["reward_extra_info"]["reward/error_count"] == [1, 0, 0, 0]
     assert out["reward_tensor"].sum().item() == 3.0
 

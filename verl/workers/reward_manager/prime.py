@@ -1,8 +1,8 @@
 """``prime``: score samples in parallel worker processes, with a per-sample timeout.
 
 Rule-based scorers can be slow or can hang (sympy on adversarial LaTeX, executing generated code). Each
-sample runs in one of ``num_processes`` worker processes; a sample that raises scores 0 and counts as an
-error, one that runs past ``timeout`` seconds scores 0 and counts as a timeout, and its worker process
+sample runs in one of ``num_processes`` persistent worker processes; a sample that raises scores 0 and counts
+as an error, one that runs past ``timeout`` seconds scores 0 and counts as a timeout, and its worker process
 (with everything it started: it leads its own process group) is killed and replaced. The trainer never
 crashes on a bad scorer. Counts are reported per sample in ``reward_extra_info`` under
 ``reward/timeout_count`` and ``reward/error_count`` (1 for the samples concerned, so the list sums to the
@@ -11,6 +11,7 @@ batch total), as totals in ``reward_metrics`` of the ``return_dict`` output, and
 
 Workers are forked (``mp_start_method="fork"``, the default on Linux) so that any scorer works, including
 a custom function loaded from a file; with ``"spawn"``/``"forkserver"`` the scorer must be picklable.
+They are reused across calls and stop with ``manager.close()``, garbage collection, or process exit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
@@ -30,7 +32,9 @@ _OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
 
 
 def _die_with_parent() -> None:
-    """Linux: ask the kernel to SIGKILL this worker if the driver process dies (no orphaned scorers)."""
+    """Linux: ask the kernel to SIGKILL this worker if the driver dies (no orphaned, hung scorers). Only set
+    when forked from the main thread: the signal follows the *thread* that forked, and a pool created from
+    a short-lived thread would otherwise lose its workers when that thread ends."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -40,15 +44,19 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(conn, parent_end, compute_score: Callable, kwargs: dict) -> None:
+def _worker_main(conn, inherited, compute_score: Callable, kwargs: dict, die_with_parent: bool) -> None:
     try:
         os.setpgid(0, 0)  # own process group: a timeout kills the scorer's children too
     except OSError:
         pass
-    _die_with_parent()
+    if die_with_parent:
+        _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's business
-    if parent_end is not None:
-        parent_end.close()
+    for c in inherited:  # driver-side pipe ends copied by fork: close them so EOF means "driver gone"
+        try:
+            c.close()
+        except OSError:
+            pass
     while True:
         try:
             task = conn.recv()
@@ -69,11 +77,13 @@ def _worker_main(conn, parent_end, compute_score: Callable, kwargs: dict) -> Non
 
 
 class _Worker:
-    def __init__(self, ctx, compute_score, kwargs):
+    def __init__(self, ctx, compute_score, kwargs, inherited):
         self.conn, child_conn = ctx.Pipe(duplex=True)
-        parent_end = self.conn if ctx.get_start_method() == "fork" else None
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn, parent_end, compute_score, kwargs),
-                                daemon=True)
+        forked = ctx.get_start_method() == "fork"
+        inherited = [self.conn, *inherited] if forked else []
+        die_with_parent = threading.current_thread() is threading.main_thread()
+        self.proc = ctx.Process(target=_worker_main, daemon=True,
+                                args=(child_conn, inherited, compute_score, kwargs, die_with_parent))
         self.proc.start()
         child_conn.close()
         self.task: int | None = None
@@ -105,57 +115,97 @@ class _Worker:
             self.conn.close()
 
 
-def run_with_timeouts(compute_score: Callable, tasks: list[dict], num_processes: int, timeout: float,
-                      kwargs: dict | None = None, mp_start_method: str | None = None) -> list[tuple[str, Any]]:
-    """``compute_score(**task, **kwargs)`` for every task in worker processes; returns ``(status, value)``
-    per task, status in ``ok`` (value = result), ``error`` (value = message), ``timeout`` (value = None).
-    Hung workers are killed and replaced; all workers are gone when this returns."""
-    if not tasks:
-        return []
-    ctx = mp.get_context(mp_start_method)
-    kwargs = kwargs or {}
-    results: list[tuple[str, Any] | None] = [None] * len(tasks)
-    pending = list(range(len(tasks)))[::-1]  # pop() from the end -> submission in order
-    workers = [_Worker(ctx, compute_score, kwargs) for _ in range(max(1, min(num_processes, len(tasks))))]
-    try:
-        while pending or any(w.task is not None for w in workers):
-            for w in workers:
-                if w.task is None and pending:
-                    idx = pending.pop()
-                    try:
-                        w.submit(idx, tasks[idx], timeout)
-                    except (BrokenPipeError, OSError) as e:
-                        results[idx] = (_ERROR, f"worker unavailable: {e}")
-                        w.task = None
-            busy = [w for w in workers if w.task is not None]
-            if not busy:
-                continue
-            wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
-            ready = wait([w.conn for w in busy], timeout=wait_s)
-            for i, w in enumerate(workers):
-                if w.task is None:
+class ScoringPool:
+    """Up to ``num_processes`` persistent worker processes running ``compute_score(**task, **kwargs)``.
+
+    Workers are started on demand and reused across :meth:`run` calls (forking a large trainer process
+    costs tens of milliseconds per worker); a worker that times out or dies is killed and replaced.
+    """
+
+    def __init__(self, compute_score: Callable, num_processes: int, kwargs: dict | None = None,
+                 mp_start_method: str | None = None) -> None:
+        self.compute_score = compute_score
+        self.kwargs = dict(kwargs or {})
+        self.num_processes = max(1, int(num_processes))
+        self.ctx = mp.get_context(mp_start_method)
+        self.workers: list[_Worker] = []
+
+    def _spawn(self) -> _Worker:
+        return _Worker(self.ctx, self.compute_score, self.kwargs, [w.conn for w in self.workers])
+
+    def _replace(self, i: int) -> None:
+        self.workers[i].kill()
+        self.workers[i] = self._spawn()
+
+    def run(self, tasks: list[dict], timeout: float) -> list[tuple[str, Any]]:
+        """``(status, value)`` per task: ``ok`` (value = result), ``error`` (value = message) or ``timeout``."""
+        if not tasks:
+            return []
+        while len(self.workers) < min(self.num_processes, len(tasks)):
+            self.workers.append(self._spawn())
+        for i, w in enumerate(self.workers):  # e.g. killed from outside between calls
+            if not w.proc.is_alive():
+                self._replace(i)
+        results: list[tuple[str, Any] | None] = [None] * len(tasks)
+        pending = list(range(len(tasks)))[::-1]  # pop() from the end -> submission in order
+        try:
+            while pending or any(w.task is not None for w in self.workers):
+                for i, w in enumerate(self.workers):
+                    if w.task is None and pending:
+                        idx = pending.pop()
+                        try:
+                            w.submit(idx, tasks[idx], timeout)
+                        except (BrokenPipeError, OSError):  # died while idle: retry on a fresh worker
+                            pending.append(idx)
+                            self._replace(i)
+                busy = [w for w in self.workers if w.task is not None]
+                if not busy:
                     continue
-                if w.conn in ready:
-                    try:
-                        idx, status, value = w.conn.recv()
-                    except (EOFError, OSError):  # the worker died (segfault, os._exit, OOM kill)
-                        results[w.task] = (_ERROR, f"worker process exited with code {w.proc.exitcode}")
-                        w.kill()
-                        workers[i] = _Worker(ctx, compute_score, kwargs)
+                wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+                ready = wait([w.conn for w in busy], timeout=wait_s)
+                for i, w in enumerate(self.workers):
+                    if w.task is None:
                         continue
-                    results[idx] = (status, value)
-                    w.task = None
-                elif time.monotonic() >= w.deadline:
-                    results[w.task] = (_TIMEOUT, None)
-                    w.kill()
-                    workers[i] = _Worker(ctx, compute_score, kwargs)
-    finally:
+                    if w.conn in ready:
+                        try:
+                            idx, status, value = w.conn.recv()
+                        except (EOFError, OSError):  # the worker died (segfault, os._exit, OOM kill)
+                            results[w.task] = (_ERROR, f"worker process exited with code {w.proc.exitcode}")
+                            self._replace(i)
+                            continue
+                        results[idx] = (status, value)
+                        w.task = None
+                    elif time.monotonic() >= w.deadline:
+                        results[w.task] = (_TIMEOUT, None)
+                        self._replace(i)
+        except BaseException:
+            self.close()  # interrupted mid-batch: workers hold half-done tasks
+            raise
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        workers, self.workers = self.workers, []
         for w in workers:
             if w.task is not None:
                 w.kill()
             else:
                 w.stop()
-    return results  # type: ignore[return-value]
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def run_with_timeouts(compute_score: Callable, tasks: list[dict], num_processes: int, timeout: float,
+                      kwargs: dict | None = None, mp_start_method: str | None = None) -> list[tuple[str, Any]]:
+    """One-shot :class:`ScoringPool` run; all workers are gone when this returns."""
+    pool = ScoringPool(compute_score, num_processes, kwargs, mp_start_method)
+    try:
+        return pool.run(tasks, timeout)
+    finally:
+        pool.close()
 
 
 @register("prime")
@@ -181,10 +231,23 @@ class PrimeRewardManager(AbstractRewardManager):
         self.timeout_count = 0
         self.error_count = 0
         self._last_counts = (0, 0)
+        self._pool: ScoringPool | None = None
+
+    def close(self) -> None:
+        """Stop the worker processes (they also stop when the manager is garbage-collected or the process exits)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __getstate__(self):  # worker processes do not travel (e.g. to a Ray task); they restart lazily
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        return state
 
     def score_samples(self, samples: list[RewardSample]) -> list:
-        outcomes = run_with_timeouts(self.compute_score, [s.score_kwargs() for s in samples], self.num_processes,
-                                     self.timeout, self.reward_kwargs, self.mp_start_method)
+        if self._pool is None:
+            self._pool = ScoringPool(self.compute_score, self.num_processes, self.reward_kwargs, self.mp_start_method)
+        outcomes = self._pool.run([s.score_kwargs() for s in samples], self.timeout)
         results, timeouts, errors = [], [], []
         for sample, (status, value) in zip(samples, outcomes):
             if status == _OK:
