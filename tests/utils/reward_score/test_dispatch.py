@@ -38,6 +38,12 @@ def test_arithmetic_dispatches_to_its_module(monkeypatch):
     assert calls == [("= 12", "12")]
 
 
+def test_arithmetic_real_scorer():
+    assert default_compute_score("arithmetic", "19<|im_end|>", "19") == 1.0
+    assert default_compute_score("arithmetic", "20", "19") == 0.0
+    assert default_compute_score("arithmetic", "20", "19", format_score=0.1) == 0.1
+
+
 def test_unknown_data_source_error_is_helpful():
     with pytest.raises(NotImplementedError) as err:
         default_compute_score("my_org/riddles", "x", "y")

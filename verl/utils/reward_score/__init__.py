@@ -99,9 +99,10 @@ def _score_math_dapo(solution_str, ground_truth, extra_info=None, strict_box_ver
 
 
 @register_score_fn("arithmetic")
-def _score_arithmetic(solution_str, ground_truth, extra_info=None):
+def _score_arithmetic(solution_str, ground_truth, extra_info=None, format_score=None, score=None):
     from verl.utils.reward_score.arithmetic import compute_score
-    return compute_score(solution_str, ground_truth)
+    kwargs = {k: v for k, v in (("format_score", format_score), ("score", score)) if v is not None}
+    return compute_score(solution_str, ground_truth, **kwargs)
 
 
 @register_score_fn("countdown")
