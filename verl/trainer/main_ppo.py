@@ -42,7 +42,7 @@ _WORKER_ENV_PASSTHROUGH = (
     "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE", "WANDB_MODE", "WANDB_DIR",
     "VERL_DEVICE", "VERL_FILE_LOGGER_PATH", "TENSORBOARD_DIR", "OMP_NUM_THREADS", "PYTHONHASHSEED",
     "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ENABLE_V1_MULTIPROCESSING",
-    "CUBLAS_WORKSPACE_CONFIG", "RAY_AUTH_MODE",
+    "CUBLAS_WORKSPACE_CONFIG", "RAY_AUTH_MODE", "VERL_FILE_LOGGER_ROOT", "WANDB_SILENT",
 )
 
 
@@ -66,6 +66,7 @@ def main(config: DictConfig) -> None:
 def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "colocate") -> None:
     """Validate ``config``, start Ray if needed and run the trainer in a TaskRunner actor."""
     plan = validate_or_exit(config)
+    absolutize_local_paths(config)
     if not ray.is_initialized():
         ray.init(**ray_init_kwargs(config, plan))
     if task_runner_class is None:
@@ -75,12 +76,55 @@ def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "coloca
     ray.get(runner.run.remote(config, placement))
 
 
+# keys holding local paths: made absolute on the driver, so Ray processes (other cwd) find the same files
+_PATH_KEYS = (
+    "data.train_files", "data.val_files", "actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path",
+    "critic.model.path", "critic.model.tokenizer_path", "reward_model.model.path", "reward_model.model.input_tokenizer",
+    "custom_reward_function.path", "data.custom_cls.path", "trainer.default_local_dir", "trainer.resume_from_path",
+    "trainer.rollout_data_dir", "trainer.validation_data_dir",
+)
+
+
+def _abs(value):
+    if isinstance(value, str) and value and not value.startswith(("hdfs://", "pkg://")):
+        return os.path.abspath(os.path.expanduser(value))
+    return value
+
+
+def absolutize_local_paths(config: DictConfig) -> None:
+    """Resolve interpolations, then make relative local paths absolute (relative to the launch directory).
+
+    A model name like ``Qwen/Qwen2.5-0.5B`` that is not a local directory stays as it is (HF cache)."""
+    from omegaconf import ListConfig, open_dict
+
+    OmegaConf.resolve(config)
+    with open_dict(config):
+        for key in _PATH_KEYS:
+            value = OmegaConf.select(config, key, default=None)
+            if value is None:
+                continue
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(config, parent)
+            if isinstance(value, (list, ListConfig)):
+                node[leaf] = [_abs(v) for v in value]
+            elif key.endswith("model.path") or key.endswith("tokenizer_path") or key.endswith("input_tokenizer"):
+                expanded = os.path.expanduser(str(value))
+                node[leaf] = os.path.abspath(expanded) if os.path.exists(expanded) else value
+            else:
+                node[leaf] = _abs(value)
+    for env in ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR", "WANDB_DIR"):
+        if os.environ.get(env):
+            os.environ[env] = os.path.abspath(os.path.expanduser(os.environ[env]))
+    os.environ.setdefault("VERL_FILE_LOGGER_ROOT", os.getcwd())
+
+
 def ray_init_kwargs(config: DictConfig, plan: PPOPlan) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     env = dict(_WORKER_ENV_DEFAULTS)
     env.update({k: os.environ[k] for k in _WORKER_ENV_PASSTHROUGH if k in os.environ})
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}}
-    extra = OmegaConf.to_container(config.get("ray_kwargs", {}).get("ray_init", {}) or {}, resolve=True)
+    extra_node = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
+    extra = dict(OmegaConf.to_container(extra_node, resolve=True)) if extra_node else {}
     num_cpus = OmegaConf.select(config, "ray_init.num_cpus", default=None) or extra.pop("num_cpus", None)
     if os.environ.get("RAY_ADDRESS"):
         kwargs.update(extra)
@@ -173,7 +217,6 @@ class TaskRunner:
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
         from verl.trainer.ppo.reward import load_reward_manager
         from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
-        from verl.utils.fs import copy_to_local
         from verl.utils.import_utils import import_external_libs
 
         print(f"TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
@@ -195,7 +238,8 @@ class TaskRunner:
         spec, mapping = resource_pools(config, plan, placement)
         resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=mapping)
 
-        reward_kwargs = OmegaConf.to_container(config.reward_model.get("reward_kwargs", {}) or {}, resolve=True)
+        reward_kwargs_node = OmegaConf.select(config, "reward_model.reward_kwargs", default=None)
+        reward_kwargs = dict(OmegaConf.to_container(reward_kwargs_node, resolve=True)) if reward_kwargs_node else {}
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
 
@@ -220,7 +264,6 @@ class TaskRunner:
         )
         trainer.init_workers()
         trainer.fit()
-        _ = copy_to_local  # (kept for users who patch it in recipes)
 
 
 def load_tokenizer_and_processor(config: DictConfig):

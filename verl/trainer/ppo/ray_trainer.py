@@ -1,0 +1,593 @@
+"""RayPPOTrainer: the single-controller PPO / GRPO driver.
+
+The driver holds the data and runs the algorithm's control flow; every heavy computation is a method call
+on a worker group (``actor_rollout_wg``, ``ref_policy_wg``, ``critic_wg``, ``rm_wg``). One step is
+``train_step`` below and reads like the algorithm:
+
+    generate n responses per prompt -> response mask -> (balance) -> old log probs (+ entropy)
+    -> ref log probs -> values -> rewards (KL-shaped if algorithm.use_kl_in_reward) -> advantages
+    -> critic update -> actor update (after trainer.critic_warmup steps)
+
+Features and how to turn them on:
+- estimators: ``algorithm.adv_estimator`` (gae needs the critic, grpo/rloo/... need ``rollout.n > 1``);
+- KL: in the reward (``algorithm.use_kl_in_reward=True``, fixed/adaptive ``algorithm.kl_ctrl``) or as a loss
+  (``actor_rollout_ref.actor.use_kl_loss=True``); both need the reference policy, which runs in its own
+  worker group (or inside the actor with LoRA);
+- validation: ``trainer.test_freq`` and ``trainer.val_before_train`` (greedy ``rollout.val_kwargs``), metrics
+  ``val-core/<data_source>/reward/mean@N``; ``trainer.log_val_generations`` samples are shown;
+- checkpoints: ``trainer.save_freq`` (and the last step), ``trainer.resume_mode=auto|disable|resume_path``,
+  ``trainer.max_{actor,critic}_ckpt_to_keep`` (layout in ``verl.trainer.ppo.checkpoint``);
+- logging: ``trainer.logger`` (console, file, tensorboard, wandb), a PNG of the training curves at the end;
+- ``trainer.balance_batch``: reorder samples so that every data-parallel rank gets a similar token count;
+- ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: JSONL dumps of samples.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from copy import deepcopy
+from pprint import pprint
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf, open_dict
+from tqdm import tqdm
+
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.single_controller.ray import (
+    RayClassWithInitArgs,
+    RayWorkerGroup,
+    ResourcePoolManager,
+    Role,
+    create_colocated_worker_cls,
+)
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, prune_checkpoints, step_folder
+from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
+from verl.trainer.ppo.dataloader import build_dataloader
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    process_validation_metrics,
+    reduce_metrics,
+)
+from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.utils import (
+    dump_generations,
+    entropy_metric,
+    need_critic,
+    need_reference_policy,
+    need_reward_model,
+    rollout_probs_diff_metrics,
+)
+from verl.utils.timer import marked_timer
+from verl.utils.tracking import Tracking, ValidationGenerationsLogger
+
+__all__ = [
+    "RayPPOTrainer",
+    "Role",
+    "ResourcePoolManager",
+    "AdvantageEstimator",
+    "compute_advantage",
+    "apply_kl_penalty",
+    "compute_response_mask",
+]
+
+# prompt-side keys the rollout consumes; they come back (extended by the responses) in its output
+_GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
+_GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
+PLOT_FILE = "training_curves.png"
+
+
+def compute_response_mask(data: DataProto) -> torch.Tensor:
+    """1 for response tokens up to and including EOS, 0 after: the response part of ``attention_mask``."""
+    response_length = data.batch["responses"].size(1)
+    return data.batch["attention_mask"][:, -response_length:]
+
+
+class RayPPOTrainer:
+    """PPO / GRPO driver over Ray worker groups (see the module docstring for the features)."""
+
+    def __init__(
+        self,
+        config,
+        tokenizer,
+        role_worker_mapping: dict,
+        resource_pool_manager: ResourcePoolManager,
+        ray_worker_group_cls=RayWorkerGroup,
+        processor=None,
+        reward_fn=None,
+        val_reward_fn=None,
+        train_dataset=None,
+        val_dataset=None,
+        collate_fn=None,
+        train_sampler=None,
+        device_name: Optional[str] = None,
+    ):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.role_worker_mapping = role_worker_mapping
+        self.resource_pool_manager = resource_pool_manager
+        self.ray_worker_group_cls = ray_worker_group_cls
+
+        self.hybrid_engine = config.actor_rollout_ref.hybrid_engine
+        if not self.hybrid_engine:
+            raise ValueError("actor_rollout_ref.hybrid_engine=False is not supported: actor and rollout share workers")
+        if Role.ActorRollout not in role_worker_mapping:
+            raise ValueError(f"role_worker_mapping needs Role.ActorRollout; got {list(role_worker_mapping)}")
+
+        if device_name is None:
+            from verl.utils.device import resolve_device
+
+            device_name = resolve_device(config.trainer.get("device", "auto"))
+        self.device_name = device_name
+        self.use_critic = need_critic(config)
+        self.use_rm = need_reward_model(role_worker_mapping)
+        self.ref_in_actor = int(config.actor_rollout_ref.model.get("lora_rank", 0) or 0) > 0
+        wants_kl = config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+        self.use_reference_policy = need_reference_policy(role_worker_mapping) or (self.ref_in_actor and wants_kl)
+        if self.use_critic and Role.Critic not in role_worker_mapping:
+            raise ValueError("the config needs a critic (adv_estimator=gae or critic.enable) but role_worker_mapping "
+                             "has no Role.Critic")
+        self.kl_ctrl_in_reward = (
+            core_algos.get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
+        )
+        self.validation_generations_logger = ValidationGenerationsLogger()
+        self.global_steps = 0
+        self.metric_history: list[tuple[int, dict]] = []  # plotted at the end of fit()
+        self.logger: Optional[Tracking] = None
+        self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
+
+    # ------------------------------------------------------------------------------------------ setup
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
+        data_cfg = self.config.data
+        if train_dataset is None or val_dataset is None or collate_fn is None:
+            from verl.utils.dataset.rl_dataset import collate_fn as default_collate
+            from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
+
+            if train_dataset is None:
+                train_dataset = create_rl_dataset(data_cfg.train_files, data_cfg, self.tokenizer, self.processor)
+            if val_dataset is None:
+                val_dataset = create_rl_dataset(data_cfg.val_files, data_cfg, self.tokenizer, self.processor,
+                                                is_train=False)
+            if train_sampler is None:
+                train_sampler = create_rl_sampler(data_cfg, train_dataset)
+            collate_fn = collate_fn or default_collate
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        seed = data_cfg.get("seed", None)
+        seed = 1 if seed is None else int(seed)
+        # on CPU, loader processes would only compete with the workers for the same cores
+        num_workers = 0 if self.device_name == "cpu" else int(data_cfg.get("dataloader_num_workers", 0) or 0)
+        self.train_dataloader = build_dataloader(
+            train_dataset, int(data_cfg.train_batch_size), sampler=train_sampler, collate_fn=collate_fn,
+            num_workers=num_workers, drop_last=True, shuffle=bool(data_cfg.get("shuffle", True)), seed=seed,
+        )
+        val_bsz = data_cfg.get("val_batch_size", None) or len(val_dataset)
+        self.val_dataloader = build_dataloader(
+            val_dataset, int(val_bsz), collate_fn=collate_fn, num_workers=num_workers, drop_last=False,
+            shuffle=bool(data_cfg.get("validation_shuffle", False)), seed=seed,
+        )
+        if len(self.train_dataloader) < 1:
+            raise ValueError(f"the train set has {len(train_dataset)} rows, fewer than data.train_batch_size="
+                             f"{data_cfg.train_batch_size}: no full batch")
+        print(f"Size of train dataloader: {len(self.train_dataloader)}, val dataloader: {len(self.val_dataloader)}")
+
+        total = len(self.train_dataloader) * int(self.config.trainer.total_epochs)
+        if self.config.trainer.get("total_training_steps", None) is not None:
+            total = int(self.config.trainer.total_training_steps)
+        self.total_training_steps = total
+        print(f"Total training steps: {self.total_training_steps}")
+        with open_dict(self.config):  # the workers' LR schedules need the step count
+            self.config.actor_rollout_ref.actor.optim.total_training_steps = total
+            if self.use_critic:
+                self.config.critic.optim.total_training_steps = total
+
+    def init_workers(self) -> None:
+        """Create the resource pools and one colocated worker group per pool, then build the models."""
+        self.resource_pool_manager.create_resource_pool()
+        pool_to_classes: dict[Any, dict[str, RayClassWithInitArgs]] = {}
+
+        def add(which: Role, name: str, **init_kwargs) -> None:
+            pool = self.resource_pool_manager.get_resource_pool(which)
+            cls = RayClassWithInitArgs(cls=self.role_worker_mapping[which], **init_kwargs)
+            pool_to_classes.setdefault(pool, {})[name] = cls
+
+        add(Role.ActorRollout, "actor_rollout", config=self.config.actor_rollout_ref, role="actor_rollout")
+        if self.use_critic:
+            add(Role.Critic, "critic", config=self.config.critic)
+        if self.use_reference_policy and not self.ref_in_actor:
+            add(Role.RefPolicy, "ref", config=self.config.actor_rollout_ref, role="ref")
+        if self.use_rm:
+            add(Role.RewardModel, "rm", config=self.config.reward_model)
+
+        timeout = int(self.config.trainer.get("ray_wait_register_center_timeout", 300))
+        all_wg: dict[str, Any] = {}
+        self.wg_dicts = []
+        for pool, class_dict in pool_to_classes.items():
+            worker_dict_cls = create_colocated_worker_cls(class_dict=class_dict)
+            wg_dict = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=worker_dict_cls,
+                                                ray_wait_register_center_timeout=timeout)
+            all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
+            self.wg_dicts.append(wg_dict)
+
+        self.critic_wg = self.ref_policy_wg = self.rm_wg = None
+        if self.use_critic:
+            self.critic_wg = all_wg["critic"]
+            self.critic_wg.init_model()
+        if self.use_reference_policy and not self.ref_in_actor:
+            self.ref_policy_wg = all_wg["ref"]
+            self.ref_policy_wg.init_model()
+        if self.use_rm:
+            self.rm_wg = all_wg["rm"]
+            self.rm_wg.init_model()
+        # the actor last: a vLLM rollout sizes its KV cache from the memory the other roles left
+        self.actor_rollout_wg = all_wg["actor_rollout"]
+        self.actor_rollout_wg.init_model()
+        if self.ref_in_actor and self.use_reference_policy:
+            self.ref_policy_wg = self.actor_rollout_wg
+
+    # -------------------------------------------------------------------------------------- training
+    def fit(self) -> None:
+        """The training loop: validate, then step until ``total_training_steps``; log, test, checkpoint."""
+        self.logger = Tracking(
+            project_name=self.config.trainer.project_name,
+            experiment_name=self.config.trainer.experiment_name,
+            default_backend=self.config.trainer.logger,
+            config=OmegaConf.to_container(self.config, resolve=True),
+        )
+        self.global_steps = 0
+        self._load_checkpoint()
+
+        if self.val_reward_fn is not None and self.config.trainer.get("val_before_train", True):
+            val_metrics = self._validate()
+            pprint(f"Initial validation metrics: {val_metrics}")
+            self.logger.log(data=val_metrics, step=self.global_steps)
+            if self.config.trainer.get("val_only", False):
+                self._finish()
+                return
+
+        progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
+        self.global_steps += 1
+        last_val_metrics = None
+        for epoch in range(self._current_epoch(), int(self.config.trainer.total_epochs)):
+            for batch_dict in self.train_dataloader:
+                if self.global_steps > self.total_training_steps:
+                    break
+                metrics: dict[str, Any] = {}
+                timing_raw: dict[str, float] = {}
+                is_last_step = self.global_steps >= self.total_training_steps
+
+                with marked_timer("step", timing_raw):
+                    batch = self.train_step(DataProto.from_single_dict(batch_dict), metrics, timing_raw)
+                    self._maybe_dump_rollouts(batch, timing_raw)
+                    if self._due(self.config.trainer.test_freq, is_last_step) and self.val_reward_fn is not None:
+                        with marked_timer("testing", timing_raw):
+                            val_metrics = self._validate()
+                        last_val_metrics = val_metrics if is_last_step else last_val_metrics
+                        metrics.update(val_metrics)
+                    if self._due(self.config.trainer.save_freq, is_last_step):
+                        with marked_timer("save_checkpoint", timing_raw):
+                            self._save_checkpoint()
+
+                metrics.update(self._step_metrics(batch, timing_raw, epoch))
+                self.logger.log(data=metrics, step=self.global_steps)
+                self.metric_history.append((self.global_steps, _plottable(metrics)))
+                progress_bar.update(1)
+                self.global_steps += 1
+                if is_last_step:
+                    pprint(f"Final validation metrics: {last_val_metrics}")
+                    progress_bar.close()
+                    self._finish()
+                    return
+        progress_bar.close()
+        self._finish()
+
+    def train_step(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
+        """One PPO / GRPO step on a batch of prompts; returns the full batch (for metrics)."""
+        cfg, n = self.config, int(self.config.actor_rollout_ref.rollout.n)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen_batch = self._pop_gen_batch(batch)
+
+        with marked_timer("gen", timing_raw, color="red"):
+            gen_output = self._generate(gen_batch, timing_raw)
+        if cfg.algorithm.adv_estimator == AdvantageEstimator.REMAX.value:
+            with marked_timer("gen_max", timing_raw, color="purple"):
+                batch.batch["reward_baselines"] = self._greedy_baseline_scores(batch, gen_batch)
+
+        batch = batch.repeat(repeat_times=n, interleave=True).union(gen_output)
+        batch.batch["response_mask"] = compute_response_mask(batch)
+        if cfg.trainer.balance_batch:
+            self._balance_batch(batch, metrics)
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+
+        with marked_timer("old_log_prob", timing_raw, color="blue"):
+            batch = batch.union(self._compute_old_log_prob(batch, metrics))
+        if self.use_reference_policy:
+            with marked_timer("ref", timing_raw, color="olive"):
+                batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with marked_timer("values", timing_raw, color="cyan"):
+                batch = batch.union(self.critic_wg.compute_values(batch))
+        with marked_timer("reward", timing_raw, color="yellow"):
+            batch = self._compute_rewards(batch, metrics)
+        with marked_timer("adv", timing_raw, color="brown"):
+            batch = compute_advantage(
+                batch,
+                adv_estimator=cfg.algorithm.adv_estimator,
+                gamma=cfg.algorithm.gamma,
+                lam=cfg.algorithm.lam,
+                num_repeat=n,
+                norm_adv_by_std_in_grpo=cfg.algorithm.get("norm_adv_by_std_in_grpo", True),
+                config=cfg.algorithm,
+            )
+
+        if self.use_critic:
+            with marked_timer("update_critic", timing_raw, color="pink"):
+                critic_output = self.critic_wg.update_critic(batch)
+            metrics.update(reduce_metrics(critic_output.meta_info["metrics"]))
+        if cfg.trainer.critic_warmup <= self.global_steps:
+            with marked_timer("update_actor", timing_raw, color="red"):
+                batch.meta_info["multi_turn"] = False
+                actor_output = self.actor_rollout_wg.update_actor(batch)
+            metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+        return batch
+
+    # ----------------------------------------------------------------------------------- step pieces
+    def _pop_gen_batch(self, batch: DataProto) -> DataProto:
+        non_tensor = [k for k in _GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch]
+        gen_batch = batch.pop(batch_keys=[k for k in _GEN_BATCH_KEYS if k in batch.batch.keys()],
+                              non_tensor_batch_keys=non_tensor)
+        gen_batch.meta_info["global_steps"] = self.global_steps
+        return gen_batch
+
+    def _generate(self, gen_batch: DataProto, timing_raw: Optional[dict] = None) -> DataProto:
+        """Rollout with the prompts padded to a multiple of the actor's dp size (output unpadded)."""
+        wg = self.actor_rollout_wg
+        padded, pad_size = pad_dataproto_to_divisor(gen_batch, wg.world_size)
+        output = wg.generate_sequences(padded)
+        per_prompt = len(output) // len(padded)
+        if per_prompt * len(padded) != len(output):
+            raise RuntimeError(f"generate_sequences returned {len(output)} rows for {len(padded)} prompts")
+        output = unpad_dataproto(output, pad_size=pad_size * per_prompt)
+        timing = output.meta_info.pop("timing", None) or {}
+        if timing_raw is not None:
+            timing_raw.update(timing)
+        return output
+
+    def _greedy_baseline_scores(self, batch: DataProto, gen_batch: DataProto) -> torch.Tensor:
+        """ReMax: the reward of the greedy response is each prompt's baseline."""
+        greedy_batch = deepcopy(gen_batch)
+        greedy_batch.meta_info["do_sample"] = False
+        greedy = self._generate(greedy_batch)
+        scored = batch.union(greedy)
+        scores, _ = compute_reward(scored, self.reward_fn)
+        batch.pop(batch_keys=list(greedy.batch.keys()))
+        return scores.sum(dim=-1)
+
+    def _balance_batch(self, batch: DataProto, metrics: dict, logging_prefix: str = "global_seqlen") -> None:
+        """Reorder samples so every dp rank of the actor gets a similar number of tokens."""
+        from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
+
+        world_size = self.actor_rollout_wg.world_size
+        if world_size <= 1 or len(batch) % world_size != 0:
+            return
+        seqlens = batch.batch["attention_mask"].view(len(batch), -1).sum(-1).tolist()
+        partitions = get_seqlen_balanced_partitions(seqlens, k_partitions=world_size, equal_size=True)
+        batch.reorder(torch.tensor([j for part in partitions for j in part]))
+        metrics.update(log_seqlen_unbalance(seqlen_list=seqlens, partitions=partitions, prefix=logging_prefix))
+
+    def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
+        old = self.actor_rollout_wg.compute_log_prob(batch)
+        if "entropys" in old.batch.keys():
+            metrics["actor/entropy"] = entropy_metric(old.batch["entropys"], batch.batch["response_mask"],
+                                                      self.config.actor_rollout_ref.actor.loss_agg_mode)
+            old.pop(batch_keys=["entropys"])
+        if "rollout_log_probs" in batch.batch.keys():
+            metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], old.batch["old_log_probs"],
+                                                      batch.batch["response_mask"]))
+        return old
+
+    def _compute_rewards(self, batch: DataProto, metrics: dict) -> DataProto:
+        """token_level_scores from the reward model and/or the reward function; token_level_rewards after KL."""
+        if self.use_rm:
+            batch = batch.union(self.rm_wg.compute_rm_score(batch))
+        scores, extra_infos = compute_reward(batch, self.reward_fn)
+        batch.batch["token_level_scores"] = scores
+        if extra_infos:
+            batch.non_tensor_batch.update({k: np.array(v) for k, v in extra_infos.items() if len(v) == len(batch)})
+        if self.config.algorithm.use_kl_in_reward:
+            batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward,
+                                                 kl_penalty=self.config.algorithm.kl_penalty)
+            metrics.update(kl_metrics)
+        else:
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        return batch
+
+    def _step_metrics(self, batch: DataProto, timing_raw: dict, epoch: int) -> dict:
+        metrics = {"training/global_step": self.global_steps, "training/epoch": epoch}
+        metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
+        metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
+        metrics.update(compute_throughout_metrics(batch=batch, timing_raw=timing_raw, n_gpus=self._n_devices()))
+        return metrics
+
+    def _n_devices(self) -> int:
+        if self.device_name == "cpu":  # a worker process is a device
+            return sum(sum(v) for v in self.resource_pool_manager.resource_pool_spec.values())
+        return self.resource_pool_manager.get_n_gpus()
+
+    def _due(self, freq: Optional[int], is_last_step: bool) -> bool:
+        """Every ``freq`` steps and at the last step; never when ``freq`` <= 0."""
+        return freq is not None and freq > 0 and (is_last_step or self.global_steps % freq == 0)
+
+    def _current_epoch(self) -> int:
+        epoch = getattr(self.train_dataloader, "_epoch", None)
+        if epoch is not None:
+            return int(epoch)
+        return self.global_steps // max(1, len(self.train_dataloader))
+
+    # ------------------------------------------------------------------------------------- validation
+    def _validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_kwargs``) generation over the validation set, scored by ``val_reward_fn``."""
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        n_val = int(val_kwargs.get("n", 1))
+        inputs, outputs, scores, data_sources = [], [], [], []
+        extra_infos: dict[str, list] = {"reward": []}
+        for test_data in self.val_dataloader:
+            test_batch = DataProto.from_single_dict(test_data)
+            test_batch = test_batch.repeat(repeat_times=n_val, interleave=True)
+            inputs.extend(self._decode(test_batch.batch["input_ids"]))
+            gen_batch = self._pop_gen_batch(test_batch)
+            gen_batch.meta_info.update({
+                "eos_token_id": self.tokenizer.eos_token_id,
+                "pad_token_id": self.tokenizer.pad_token_id,
+                "recompute_log_prob": False,
+                "do_sample": bool(val_kwargs.get("do_sample", False)),
+                "validate": True,
+            })
+            output = self._generate(gen_batch)
+            outputs.extend(self._decode(output.batch["responses"]))
+            test_batch = test_batch.union(output)
+            test_batch.meta_info["validate"] = True
+            reward_tensor, infos = compute_reward(test_batch, self.val_reward_fn)
+            batch_scores = reward_tensor.sum(-1).cpu().tolist()
+            scores.extend(batch_scores)
+            extra_infos["reward"].extend(batch_scores)
+            for key, values in infos.items():
+                if len(values) == len(batch_scores):
+                    extra_infos.setdefault(key, []).extend(values)
+            data_sources.append(test_batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch_scores), dtype=object)))
+
+        self._maybe_log_val_generations(inputs, outputs, scores)
+        val_dir = self.config.trainer.get("validation_data_dir", None)
+        if val_dir:
+            dump_generations(inputs, outputs, scores, extra_infos, val_dir, self.global_steps)
+        extra_infos = {k: v for k, v in extra_infos.items() if len(v) == len(scores)}
+        per_source = process_validation_metrics(np.concatenate(data_sources, axis=0), inputs, extra_infos)
+        return _val_metric_names(per_source)
+
+    def _decode(self, ids: torch.Tensor) -> list[str]:
+        return [self.tokenizer.decode(row, skip_special_tokens=True) for row in ids]
+
+    def _maybe_log_val_generations(self, inputs, outputs, scores) -> None:
+        n = int(self.config.trainer.get("log_val_generations", 0) or 0)
+        if n <= 0 or self.logger is None:
+            return
+        samples = sorted(zip(inputs, outputs, scores), key=lambda x: x[0])
+        np.random.RandomState(42).shuffle(samples)
+        self.validation_generations_logger.log(list(self.config.trainer.logger), samples[:n], self.global_steps,
+                                               tracker=self.logger)
+
+    def _maybe_dump_rollouts(self, batch: DataProto, timing_raw: dict) -> None:
+        path = self.config.trainer.get("rollout_data_dir", None)
+        if not path:
+            return
+        with marked_timer("dump_rollout_generations", timing_raw):
+            inputs = self._decode(batch.batch["prompts"])
+            outputs = self._decode(batch.batch["responses"])
+            scores = batch.batch["token_level_scores"].sum(-1).cpu().tolist()
+            extra = {k: list(v) for k, v in batch.non_tensor_batch.items() if k in ("uid", "data_source", "acc")}
+            dump_generations(inputs, outputs, scores, extra, path, self.global_steps)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def _checkpoint_root(self) -> str:
+        return os.path.abspath(os.path.expanduser(str(self.config.trainer.default_local_dir)))
+
+    def _save_checkpoint(self) -> None:
+        root = self._checkpoint_root()
+        folder = step_folder(root, self.global_steps)
+        trainer_cfg = self.config.trainer
+        max_actor = trainer_cfg.get("max_actor_ckpt_to_keep", None)
+        max_critic = trainer_cfg.get("max_critic_ckpt_to_keep", None)
+        print(f"Saving checkpoint to {folder}")
+        self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), None, self.global_steps,
+                                              max_ckpt_to_keep=max_actor)
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), None, self.global_steps,
+                                           max_ckpt_to_keep=max_critic)
+        os.makedirs(folder, exist_ok=True)
+        torch.save(self.train_dataloader.state_dict(), os.path.join(folder, "data.pt"))
+        torch.save(self._driver_state(), os.path.join(folder, "trainer_state.pt"))
+        mark_latest(root, self.global_steps)  # last: a crash before this line leaves the previous step as latest
+        prune_checkpoints(root, max_actor, max_critic)
+
+    def _load_checkpoint(self) -> int:
+        mode = self.config.trainer.get("resume_mode", "auto")
+        if mode == "disable":
+            return 0
+        if mode == "auto":
+            folder = find_latest_ckpt_path(self._checkpoint_root())
+            if folder is None:
+                print("Training from scratch")
+                return 0
+        elif mode == "resume_path":
+            folder = os.path.abspath(os.path.expanduser(str(self.config.trainer.resume_from_path)))
+        else:
+            raise ValueError(f"trainer.resume_mode={mode!r} is not one of: auto, disable, resume_path")
+        if "global_step_" not in folder:
+            raise ValueError(f"resume folder {folder} must be named global_step_N")
+        self.global_steps = int(folder.rstrip("/").split("global_step_")[-1])
+        print(f"Resuming from {folder} (global step {self.global_steps})")
+        delete = bool(self.config.trainer.get("del_local_ckpt_after_load", False))
+        self.actor_rollout_wg.load_checkpoint(os.path.join(folder, "actor"), del_local_after_load=delete)
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(os.path.join(folder, "critic"), del_local_after_load=delete)
+        data_path = os.path.join(folder, "data.pt")
+        if os.path.exists(data_path):
+            self.train_dataloader.load_state_dict(torch.load(data_path, weights_only=False))
+        else:
+            print(f"Warning: no dataloader state at {data_path}; the data order restarts")
+        state_path = os.path.join(folder, "trainer_state.pt")
+        if os.path.exists(state_path):
+            self._restore_driver_state(torch.load(state_path, weights_only=False))
+        return self.global_steps
+
+    def _driver_state(self) -> dict:
+        state = {"global_steps": self.global_steps, "metric_history": list(self.metric_history)}
+        if self.kl_ctrl_in_reward is not None:
+            state["kl_ctrl_value"] = float(self.kl_ctrl_in_reward.value)
+        return state
+
+    def _restore_driver_state(self, state: dict) -> None:
+        self.metric_history = list(state.get("metric_history", []))
+        if self.kl_ctrl_in_reward is not None and "kl_ctrl_value" in state:
+            self.kl_ctrl_in_reward.value = state["kl_ctrl_value"]
+
+    # ----------------------------------------------------------------------------------------- finish
+    def _finish(self) -> None:
+        from verl.utils.plotting import plot_training_curves
+
+        if self.metric_history:
+            path = os.path.join(self._checkpoint_root(), PLOT_FILE)
+            title = f"{self.config.trainer.project_name} / {self.config.trainer.experiment_name}"
+            if plot_training_curves(self.metric_history, path, title=title):
+                print(f"Training curves: {path}")
+        if self.logger is not None:
+            self.logger.finish()
+
+
+def _plottable(metrics: dict) -> dict:
+    from verl.utils.plotting import PLOT_PANELS
+
+    names = {name for names in PLOT_PANELS.values() for name in names}
+    return {k: float(v) for k, v in metrics.items() if k in names}
+
+
+def _val_metric_names(per_source: dict) -> dict[str, float]:
+    """verl's layout: ``val-core/<source>/<var>/<metric>`` for the headline metric (mean/maj/best at the
+    largest N of ``acc`` if present, else ``reward``), ``val-aux/...`` for the rest."""
+    out = {}
+    for source, var2metric in per_source.items():
+        core_var = "acc" if "acc" in var2metric else "reward"
+        for var_name, metric2val in var2metric.items():
+            n_max = max(int(name.split("@")[-1].split("/")[0]) for name in metric2val)
+            for metric_name, value in metric2val.items():
+                core = (var_name == core_var and metric_name.startswith(("mean", "maj", "best"))
+                        and f"@{n_max}" in metric_name)
+                out[f"{'val-core' if core else 'val-aux'}/{source}/{var_name}/{metric_name}"] = value
+    return out

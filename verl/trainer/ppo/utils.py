@@ -1,0 +1,72 @@
+"""Small driver-side helpers of the PPO trainer (kept out of ray_trainer.py so fit() stays readable)."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.single_controller.ray.base import Role
+from verl.trainer.config_schema import need_critic
+
+__all__ = ["Role", "need_critic", "need_reference_policy", "need_reward_model", "rollout_probs_diff_metrics",
+           "dump_generations", "entropy_metric"]
+
+
+def need_reference_policy(role_worker_mapping: dict) -> bool:
+    return Role.RefPolicy in role_worker_mapping
+
+
+def need_reward_model(role_worker_mapping: dict) -> bool:
+    return Role.RewardModel in role_worker_mapping
+
+
+def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                               response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the trainer's (hybrid-engine sync check).
+
+    |exp(rollout_log_prob) - exp(old_log_prob)| over valid response tokens: max, mean, std.
+    """
+    mask = response_mask.bool()
+    if mask.sum() == 0:
+        return {}
+    diff = (rollout_log_probs.float().exp() - old_log_probs.float().exp()).abs()[mask]
+    return {
+        "training/rollout_probs_diff_max": diff.max().item(),
+        "training/rollout_probs_diff_mean": diff.mean().item(),
+        "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
+    }
+
+
+def entropy_metric(entropys: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    return agg_loss(loss_mat=entropys, loss_mask=response_mask, loss_agg_mode=loss_agg_mode).detach().item()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
+
+
+def dump_generations(inputs: list[str], outputs: list[str], scores: list[float], extra: dict[str, list],
+                     dump_path: str, step: int) -> str:
+    """Write one JSON line per sample to ``<dump_path>/<step>.jsonl`` (trainer.rollout_data_dir /
+    trainer.validation_data_dir)."""
+    os.makedirs(dump_path, exist_ok=True)
+    path = os.path.join(dump_path, f"{step}.jsonl")
+    n = len(inputs)
+    columns = {"input": inputs, "output": outputs, "score": scores, "step": [step] * n}
+    columns.update({k: list(v) for k, v in extra.items() if len(v) == n})
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({k: _jsonable(v[i]) for k, v in columns.items()}, ensure_ascii=False, default=str) + "\n")
+    return path
