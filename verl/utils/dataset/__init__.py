@@ -1,15 +1,24 @@
-"""Datasets over verl-schema parquet files: RL prompts and SFT pairs / conversations."""
+"""Datasets over verl-schema parquet files: RL prompts and SFT pairs / conversations.
 
-from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
-from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn, create_rl_dataset, create_rl_sampler, get_dataset_class
-from verl.utils.dataset.sft_dataset import SFTDataset
+Names are imported lazily, so light users (the preprocess scripts) do not pay for importing torch.
+"""
 
-__all__ = [
-    "MultiTurnSFTDataset",
-    "RLHFDataset",
-    "SFTDataset",
-    "collate_fn",
-    "create_rl_dataset",
-    "create_rl_sampler",
-    "get_dataset_class",
-]
+import importlib
+
+_EXPORTS = {
+    "RLHFDataset": "rl_dataset",
+    "collate_fn": "rl_dataset",
+    "create_rl_dataset": "rl_dataset",
+    "create_rl_sampler": "rl_dataset",
+    "get_dataset_class": "rl_dataset",
+    "SFTDataset": "sft_dataset",
+    "MultiTurnSFTDataset": "multiturn_sft_dataset",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,115 @@
+"""Helpers shared by ``examples/data_preprocess/*.py``: read a local dataset file, extract answers, write parquet.
+
+Only the standard library and pyarrow are imported here, so the scripts start in well under a second.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def read_records(path: str) -> list[dict]:
+    """Rows of a .jsonl, .json (a list of objects) or .parquet file."""
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"input file {path} does not exist")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    with open(path, encoding="utf-8") as f:
+        if path.endswith(".jsonl"):
+            rows = []
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"{path}, line {n}: not valid JSON ({err})") from err
+            return rows
+        if path.endswith(".json"):
+            data = json.load(f)
+            if not isinstance(data, list):
+                raise ValueError(f"{path} must hold a JSON list of objects")
+            return data
+    raise ValueError(f"input file {path}: unsupported format; use one of {', '.join(_SUFFIXES)}")
+
+
+def find_split_files(directory: str) -> dict[str, str]:
+    """``{"train": path, "test": path}`` for files under ``directory`` whose names contain train / test
+    (e.g. HF's ``main/train-00000-of-00001.parquet`` or ``train.jsonl``)."""
+    directory = os.path.expanduser(directory)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"dataset directory {directory} does not exist")
+    found = {}
+    for split in ("train", "test"):
+        matches = sorted(
+            p for p in glob.glob(os.path.join(directory, "**", f"*{split}*"), recursive=True) if p.endswith(_SUFFIXES)
+        )
+        if matches:
+            found[split] = matches[0]
+    if not found:
+        raise FileNotFoundError(f"no *train* or *test* .jsonl/.json/.parquet file under {directory}")
+    return found
+
+
+def require_fields(rows: list[dict], fields: tuple[str, ...], path: str) -> None:
+    if not rows:
+        raise ValueError(f"{path} has no rows")
+    missing = [f for f in fields if f not in rows[0]]
+    if missing:
+        raise KeyError(f"{path} rows lack field(s) {missing}; they have {sorted(rows[0])}")
+
+
+def gsm8k_final_answer(answer: str) -> str | None:
+    """The number after ``####`` in a GSM8K answer, thousands separators removed."""
+    match = re.search(r"####\s*(-?[0-9.,]+)", answer)
+    return match.group(1).replace(",", "").rstrip(".") if match else None
+
+
+def last_boxed_only_string(text: str) -> str | None:
+    """The last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed x``) in ``text``, braces balanced."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    if text.startswith("\\boxed ", start):
+        rest = text[start + len("\\boxed ") :]
+        return "\\boxed " + rest.split("$")[0].strip()
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+    return None
+
+
+def remove_boxed(boxed: str) -> str:
+    for prefix in ("\\boxed ", "\\boxed{", "\\fbox{"):
+        if boxed.startswith(prefix):
+            inner = boxed[len(prefix) :]
+            return inner if prefix.endswith(" ") else inner[:-1]
+    raise ValueError(f"not a boxed expression: {boxed!r}")
+
+
+def write_parquet(rows: list[dict], path: str) -> str:
+    """Write rows to ``path`` via a temporary file renamed into place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.path.expanduser(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, path)
+    return path
