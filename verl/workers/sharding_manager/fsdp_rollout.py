@@ -112,10 +112,13 @@ def _lora_scaling(module: nn.Module) -> dict[str, float] | None:
 def iter_hf_named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream the module's full weights under HF names (LoRA merged), one tensor at a time."""
     engine_iter = _engine_full_state_iter()
-    stream = engine_iter(module) if engine_iter is not None else _fallback_full_state_iter(module)
-    scaling = _lora_scaling(module)
-    if scaling is not None:
-        stream = merge_lora_stream(stream, scaling)
+    if engine_iter is not None:  # verl.utils.fsdp_utils: HF names, LoRA already merged
+        stream = engine_iter(module)
+    else:
+        stream = _fallback_full_state_iter(module)
+        scaling = _lora_scaling(module)
+        if scaling is not None:
+            stream = merge_lora_stream(stream, scaling)
     for name, tensor in stream:
         if name.endswith("rotary_emb.inv_freq"):
             continue
