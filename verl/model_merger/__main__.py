@@ -8,13 +8,12 @@ from verl.model_merger.base_model_merger import generate_config_from_args, parse
 def main(argv=None) -> int:
     args = parse_args(argv)
     config = generate_config_from_args(args)
-    if config.backend == "fsdp":
-        from verl.model_merger.fsdp_model_merger import FSDPModelMerger
-
-        merger = FSDPModelMerger(config)
-    else:
+    if config.backend != "fsdp":
         raise SystemExit(f"--backend {config.backend!r} is not supported here; use --backend fsdp")
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
     try:
+        merger = FSDPModelMerger(config)
         merger.merge_and_save() if config.operation == "merge" else merger.test()
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,0 +1,133 @@
+"""Engine helpers: model loading (causal LM, value model from an actor checkpoint, clear errors), optimizer and
+schedules, grad clipping, remove-padding helpers, FSDP2 wrapping + full-weight streaming."""
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "workers", "actor"))
+from engine_testlib import make_batch, make_model_dir, run_distributed, tiny_model  # noqa: E402
+
+from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer, clip_grad_norm_  # noqa: E402
+from verl.utils.model import check_model_dir, load_causal_lm, load_reward_model, load_value_model  # noqa: E402
+from verl.utils.padding import pack_batch, pad_input, unpad_input  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(str(tmp_path_factory.mktemp("tiny")), seed=0)
+
+
+def test_load_models_and_override(model_dir):
+    lm = load_causal_lm(model_dir, dtype="bf16", override_config={"rms_norm_eps": 1e-5})
+    assert lm.config.rms_norm_eps == 1e-5 and next(lm.parameters()).dtype == torch.bfloat16
+    critic = load_value_model(model_dir, dtype="fp32")
+    assert critic.config.num_labels == 1
+    assert torch.count_nonzero(critic.score.weight) == 0  # head absent from the actor checkpoint: zero init
+    ref = tiny_model(seed=0)
+    assert torch.equal(critic.model.layers[0].mlp.up_proj.weight, ref.model.layers[0].mlp.up_proj.weight)
+    ids = torch.randint(3, 200, (2, 5))
+    assert torch.equal(critic(input_ids=ids).logits, torch.zeros(2, 5, 1))
+    rm = load_reward_model(model_dir)
+    assert rm(input_ids=ids).logits.shape == (2, 1)
+
+
+def test_missing_model_dir_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_causal_lm(str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        check_model_dir(str(tmp_path))
+
+
+def test_optimizer_and_schedules():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = build_optimizer([p], {"lr": 0.1, "betas": [0.8, 0.9], "weight_decay": 0.0})
+    assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["betas"] == (0.8, 0.9)
+    sched = build_lr_scheduler(opt, {"lr_warmup_steps_ratio": 0.2, "lr_scheduler_type": "constant"}, total_steps=10)
+    lrs = []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.0, 0.05, 0.1, 0.1])
+    opt = build_optimizer([p], {"lr": 1.0})
+    sched = build_lr_scheduler(opt, {"lr_warmup_steps": 2, "warmup_style": "cosine", "min_lr_ratio": 0.1}, 12)
+    lrs = []
+    for _ in range(13):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[2] == pytest.approx(1.0) and lrs[12] == pytest.approx(0.1) and lrs[7] == pytest.approx(0.55)
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
+        build_lr_scheduler(opt, {"lr_scheduler_type": "linear"}, 10)
+
+
+def test_clip_grad_norm_plain():
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])
+    assert clip_grad_norm_([a, b], 1.0) == pytest.approx(5.0)
+    assert torch.allclose(torch.cat([a.grad, b.grad]), torch.tensor([0.6, 0.0, 0.8]), atol=1e-6)
+    a.grad = torch.tensor([float("inf"), 0.0])
+    assert not math.isfinite(clip_grad_norm_([a, b], 1.0))
+
+
+def test_unpad_pad_roundtrip():
+    b = make_batch(5, 6, 4, seed=2)
+    ids, mask = b["input_ids"], b["attention_mask"]
+    flat, indices, cu, max_len = unpad_input(ids.unsqueeze(-1), mask)
+    assert flat.shape[0] == int(mask.sum()) and cu[-1] == int(mask.sum()) and max_len == int(mask.sum(-1).max())
+    assert torch.equal(pad_input(flat, indices, 5, 10).squeeze(-1), ids * mask)
+    packed_ids, packed_pos, _, cu2 = pack_batch(ids, mask, b["position_ids"])
+    _, rebuilt_pos, _, _ = pack_batch(ids, mask, None)
+    assert torch.equal(packed_pos, rebuilt_pos)  # 0..L-1 per sequence
+    assert torch.equal(cu, cu2) and packed_ids.shape == (1, int(mask.sum()))
+
+
+def test_packed_forward_has_no_cross_sequence_attention():
+    """transformers builds the block-diagonal mask from packed position_ids (attention_mask=None)."""
+    model = tiny_model(seed=3)
+    a, b = torch.randint(3, 200, (1, 5)), torch.randint(3, 200, (1, 4))
+    packed = torch.cat([a, b], 1)
+    pos = torch.cat([torch.arange(5), torch.arange(4)]).unsqueeze(0)
+    with torch.no_grad():
+        out = model(input_ids=packed, position_ids=pos, attention_mask=None, use_cache=False).logits
+        sep = torch.cat([model(input_ids=a).logits, model(input_ids=b).logits], 1)
+    assert (out - sep).abs().max() < 1e-5
+
+
+def _fsdp_worker(rank, world, out_dir):
+    from verl.utils.fsdp_utils import (apply_fsdp2, fsdp_version, get_full_state_dict, iter_full_state_dict,
+                                       load_full_state_dict)
+
+    model = tiny_model(seed=0)
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    apply_fsdp2(model, {"dtype": "bf16", "reshard_after_forward": True, "param_offload": True,
+                        "offload_policy": True})
+    assert fsdp_version(model) == 2
+    local = model.model.embed_tokens.weight.to_local()
+    assert local.shape[0] in (129, 130)  # 259 rows over 2 ranks
+    ids = torch.randint(3, 200, (2, 6))
+    logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.bfloat16  # mixed precision: bf16 compute over fp32 storage
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    logits.float().sum().backward()
+    g = clip_grad_norm_(model.parameters(), 1.0)
+    names = [n for n, _ in iter_full_state_dict(model)]
+    assert names == list(ref) and "lm_head.weight" in names
+    new = {k: v + 1.0 for k, v in ref.items()}
+    load_full_state_dict(model, new)
+    got = get_full_state_dict(model)
+    if rank == 0:
+        torch.save({"got": got, "new": new, "grad_norm": g}, f"{out_dir}/fsdp_utils.pt")
+
+
+@pytest.mark.e2e
+def test_fsdp2_wrap_mixed_precision_and_state_dict_roundtrip(tmp_path):
+    run_distributed(_fsdp_worker, 2, str(tmp_path), err_dir=str(tmp_path))
+    res = torch.load(tmp_path / "fsdp_utils.pt", weights_only=False)
+    assert res["grad_norm"] > 0 and math.isfinite(res["grad_norm"])
+    for k, v in res["new"].items():
+        assert torch.equal(res["got"][k], v), k
