@@ -7,7 +7,6 @@ update_actor changes the weights and the next generate still matches (push happe
 makes the diff metric light up, critic values/update, reward model scores, checkpoint round trip.
 """
 
-import os
 
 import numpy as np
 import pytest
@@ -44,6 +43,13 @@ def actor_rollout_ref_config(model_dir):
                     "log_prob_micro_batch_size_per_gpu": 4,
                     "val_kwargs": {"n": 1, "temperature": 0, "top_p": 1.0, "top_k": -1, "do_sample": False}},
     })
+
+
+def lora_actor_config(model_dir):
+    cfg = actor_rollout_ref_config(model_dir)
+    cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.target_modules = 8, 16, "all-linear"
+    cfg.actor.optim.lr = 2e-2
+    return cfg
 
 
 def critic_config(model_dir):
@@ -88,9 +94,12 @@ def groups(model_dir):
                                                       role="actor_rollout_ref"),
             "critic": RayClassWithInitArgs(CriticWorker, config=critic_config(model_dir)),
             "rm": RayClassWithInitArgs(RewardModelWorker, config=reward_model_config(model_dir)),
+            # LoRA policy in the trainer's layout: role actor_rollout, reference = adapters disabled
+            "lora": RayClassWithInitArgs(ActorRolloutRefWorker, config=lora_actor_config(model_dir),
+                                         role="actor_rollout"),
         })
         wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
-        spawned = wg.spawn(prefix_set={"actor_rollout_ref", "critic", "rm"})
+        spawned = wg.spawn(prefix_set={"actor_rollout_ref", "critic", "rm", "lora"})
         for g in spawned.values():
             g.init_model()
         yield spawned
@@ -219,6 +228,22 @@ def test_reward_model_scores_last_token(groups, prompts, model_dir):
     with torch.no_grad():
         expect = rm(input_ids=ids).logits[0, 0]
     assert torch.allclose(scores[row, last[row]], expect, atol=1e-4)
+
+
+def test_lora_actor_ref_and_merged_push(groups, prompts):
+    wg = groups["lora"]
+    batch, diff = rollout_step(wg, prompts)
+    assert diff <= 1e-4
+    mask = batch.batch["response_mask"].bool()
+    ref0 = wg.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    assert torch.allclose(ref0[mask], batch.batch["old_log_probs"][mask], atol=1e-6)  # B = 0 at init
+    wg.update_actor(add_advantages(batch))
+    after = wg.compute_log_prob(batch).batch["old_log_probs"]
+    assert float((after - batch.batch["old_log_probs"]).abs()[mask].max()) > 1e-3
+    ref1 = wg.compute_ref_log_prob(batch).batch["ref_log_prob"]
+    assert torch.allclose(ref1, ref0, atol=1e-6), "the reference moved: adapters were not disabled"
+    _, diff = rollout_step(wg, prompts)  # the push merges W + s * B @ A into the engine's plain weights
+    assert diff <= 1e-4, f"LoRA actor: rollout vs trainer diff {diff}"
 
 
 def test_checkpoint_round_trip(groups, prompts, tmp_path):

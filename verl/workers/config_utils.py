@@ -27,10 +27,16 @@ __all__ = [
 ]
 
 
-def as_mutable_config(config: Any) -> DictConfig:
-    """An OmegaConf DictConfig we may add keys to (dicts are converted; struct mode is switched off)."""
+def as_mutable_config(config: Any, copy: bool = False) -> DictConfig:
+    """An OmegaConf DictConfig we may add keys to (dicts are converted; struct mode is switched off).
+
+    ``copy=True`` returns a private deep copy: roles colocated in one process can receive the very same config
+    object, and one role's normalisation must not leak into another's.
+    """
     if not isinstance(config, DictConfig):
         config = OmegaConf.create(config if config is not None else {})
+    elif copy:
+        config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
     OmegaConf.set_struct(config, False)
     return config
 

@@ -25,7 +25,6 @@ On CPU every process uses gloo and the thread share its worker group gave it (``
 from __future__ import annotations
 
 import logging
-import os
 import time
 from contextlib import nullcontext
 
@@ -35,101 +34,18 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.utils.device import get_device_name, get_dist_backend, set_device
 from verl.workers.config_utils import (as_mutable_config, memory_metrics, normalize_log_prob_batch_sizes,
-                                       normalize_ppo_batch_sizes, require_log_prob_micro)
+                                       normalize_micro_key, normalize_ppo_batch_sizes, require_log_prob_micro)
 from verl.workers.rollout.utils import cfg_get
+from verl.workers.worker_utils import (build_device_mesh, build_optimizer_and_scheduler, current_lr,
+                                       init_distributed, load_checkpoint_with, load_tokenizer, make_checkpoint_manager,
+                                       max_across_ranks, min_across_ranks, same_tokenizer, wrap_fsdp)
 
 __all__ = ["ActorRolloutRefWorker", "AsyncActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
 
 logger = logging.getLogger(__name__)
 
 _ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
-
-
-# ------------------------------------------------------------------------------------------ shared helpers
-def init_distributed() -> None:
-    """Join the worker group's process group (env:// from RANK/WORLD_SIZE/MASTER_*) and bind the device."""
-    if not dist.is_initialized():
-        dist.init_process_group(backend=get_dist_backend(), rank=int(os.environ.get("RANK", "0")),
-                                world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    set_device(int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def build_device_mesh(world_size: int, fsdp_size: int = -1):
-    """1-D ``("fsdp",)`` mesh over all ranks, or 2-D ``("ddp", "fsdp")`` (HSDP) when ``fsdp_size`` divides it."""
-    from verl.utils.fsdp_utils import create_device_mesh
-
-    return create_device_mesh(world_size, fsdp_size)
-
-
-def _local_path(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(str(path)))
-
-
-def _load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(_local_path(path), trust_remote_code=trust_remote_code)
-
-
-def _max_across_ranks(values: list[float]) -> list[float]:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
-def _min_across_ranks(values: list[float]) -> list[float]:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return t.tolist()
-
-
-def _wrap_fsdp(module, fsdp_config, device_mesh):
-    from verl.utils import fsdp_utils
-
-    return fsdp_utils.apply_fsdp2(module, fsdp_config, device_mesh)
-
-
-def _build_optim_and_sched(module, optim_config):
-    from verl.utils import fsdp_utils
-
-    total_steps = int(cfg_get(optim_config, "total_training_steps", -1))
-    optimizer = fsdp_utils.build_optimizer(module.parameters(), optim_config)
-    scheduler = fsdp_utils.build_lr_scheduler(optimizer, optim_config, total_steps)
-    return optimizer, scheduler
-
-
-def _lr_of(scheduler, optimizer) -> float:
-    if scheduler is not None and hasattr(scheduler, "get_last_lr"):
-        return float(scheduler.get_last_lr()[0])
-    return float(optimizer.param_groups[0]["lr"])
-
-
-def _make_checkpoint_manager(model, optimizer, scheduler, tokenizer, checkpoint_config):
-    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-
-    try:
-        return FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                     processing_class=tokenizer, checkpoint_config=checkpoint_config)
-    except TypeError:  # an engine without the checkpoint_config keyword
-        return FSDPCheckpointManager(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                     processing_class=tokenizer)
-
-
-def _load_ckpt(manager, local_path, del_local_after_load):
-    try:
-        manager.load_checkpoint(local_path=local_path, del_local_after_load=del_local_after_load)
-    except TypeError:  # an engine without del_local_after_load
-        manager.load_checkpoint(local_path=local_path)
-        if del_local_after_load and local_path and os.path.isdir(local_path) and dist.get_rank() == 0:
-            import shutil
-
-            shutil.rmtree(local_path, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ actor/rollout/ref
@@ -148,7 +64,7 @@ class ActorRolloutRefWorker(Worker):
         super().__init__()
         if role not in _ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role={role!r} is not one of {_ROLES}")
-        self.config = as_mutable_config(config)
+        self.config = as_mutable_config(config, copy=True)
         self.role = role
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
@@ -156,7 +72,7 @@ class ActorRolloutRefWorker(Worker):
         self._is_lora = int(cfg_get(self.config.get("model"), "lora_rank", 0)) > 0
         # LoRA: the reference policy is the actor with its adapters switched off (no second model)
         self._ref_in_actor = self._is_lora and self._is_actor
-        if self._ref_in_actor and role == "actor":
+        if self._ref_in_actor:
             self._is_ref = True
 
         init_distributed()
@@ -202,7 +118,7 @@ class ActorRolloutRefWorker(Worker):
                 enable_gradient_checkpointing(module)
         else:
             module.requires_grad_(False)
-        return _wrap_fsdp(module, fsdp_config, self.device_mesh)
+        return wrap_fsdp(module, fsdp_config, self.device_mesh)
 
     def _add_lora(self, module):
         from verl.utils.fsdp_utils import apply_lora
@@ -221,7 +137,7 @@ class ActorRolloutRefWorker(Worker):
 
         model_cfg = self.config.model
         trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
-        self.tokenizer = _load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or self._model_path(), trust)
+        self.tokenizer = load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or self._model_path(), trust)
         from verl.utils.model import get_generation_config
 
         self.generation_config = get_generation_config(self._model_path(), trust)
@@ -231,7 +147,7 @@ class ActorRolloutRefWorker(Worker):
 
         if self._is_actor:
             self.actor_module = self._build_policy_module(actor_cfg.fsdp_config, trainable=True)
-            self.actor_optimizer, self.actor_lr_scheduler = _build_optim_and_sched(self.actor_module, actor_cfg.optim)
+            self.actor_optimizer, self.actor_lr_scheduler = build_optimizer_and_scheduler(self.actor_module, actor_cfg.optim)
             self.actor = DataParallelPPOActor(config=actor_cfg, actor_module=self.actor_module,
                                               actor_optimizer=self.actor_optimizer)
         if self._is_ref:
@@ -248,7 +164,7 @@ class ActorRolloutRefWorker(Worker):
         """The ref subtree, completed with the actor's forward-relevant keys (as verl copies them over)."""
         from omegaconf import OmegaConf
 
-        ref_cfg = as_mutable_config(self.config.get("ref") or {})
+        ref_cfg = as_mutable_config(self.config.get("ref") or {}, copy=True)
         actor_cfg = self.config.get("actor") or {}
         for key in ("use_remove_padding", "ulysses_sequence_parallel_size", "use_fused_kernels",
                     "entropy_from_logits_with_chunking", "entropy_checkpointing", "ppo_mini_batch_size",
@@ -271,7 +187,7 @@ class ActorRolloutRefWorker(Worker):
                                    generation_config=self.generation_config,
                                    trust_remote_code=bool(cfg_get(self.config.model, "trust_remote_code", False)),
                                    model_hf_config=getattr(self.actor_module, "config", None),
-                                   device_mesh=self.device_mesh)
+                                   device_mesh=self.device_mesh, actor_will_push=self.actor_module is not None)
         if self.actor_module is not None:
             self.rollout_sharding_manager = FSDPRolloutShardingManager(self.actor_module, self.rollout,
                                                                        device_mesh=self.device_mesh)
@@ -298,8 +214,8 @@ class ActorRolloutRefWorker(Worker):
             output = self.rollout.generate_sequences(prompts=prompts)
             gen_s = time.perf_counter() - gen_start
         total_s = time.perf_counter() - start
-        gen_max, push_max, total_max = _max_across_ranks([gen_s, push_s, total_s])
-        (gen_min,) = _min_across_ranks([gen_s])
+        gen_max, push_max, total_max = max_across_ranks([gen_s, push_s, total_s])
+        (gen_min,) = min_across_ranks([gen_s])
         output.meta_info["timing"] = {"generate_sequences": gen_max, "update_weights": push_max,
                                       "generation_timing/max": gen_max, "generation_timing/min": gen_min,
                                       "generation_timing/topk_ratio": gen_min / gen_max if gen_max > 0 else 1.0,
@@ -364,7 +280,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         metrics = dict(self.actor.update_policy(data=data))
         metrics["perf/update_actor_s"] = time.perf_counter() - start
-        metrics["actor/lr"] = _lr_of(self.actor_lr_scheduler, self.actor_optimizer)
+        metrics["actor/lr"] = current_lr(self.actor_lr_scheduler, self.actor_optimizer)
         if self.actor_lr_scheduler is not None:
             self.actor_lr_scheduler.step()
         metrics.update(memory_metrics())
@@ -377,7 +293,7 @@ class ActorRolloutRefWorker(Worker):
         if not self._is_actor:
             raise RuntimeError(f"checkpoints need an actor role; this worker has role={self.role!r}")
         if self.checkpoint_manager is None:
-            self.checkpoint_manager = _make_checkpoint_manager(self.actor_module, self.actor_optimizer,
+            self.checkpoint_manager = make_checkpoint_manager(self.actor_module, self.actor_optimizer,
                                                                self.actor_lr_scheduler, self.tokenizer,
                                                                cfg_get(self.config.actor, "checkpoint", None))
         return self.checkpoint_manager
@@ -390,7 +306,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        _load_ckpt(self._checkpointer(), local_path, del_local_after_load)
+        load_checkpoint_with(self._checkpointer(), local_path, del_local_after_load)
         dist.barrier()
         self._weights_changed()
 
@@ -419,13 +335,11 @@ class CriticWorker(Worker):
 
     def __init__(self, config, **kwargs):
         super().__init__()
-        self.config = as_mutable_config(config)
+        self.config = as_mutable_config(config, copy=True)
         init_distributed()
         self.dp_size = dist.get_world_size()
         rollout_n = int(cfg_get(self.config, "rollout_n", 1))
         normalize_ppo_batch_sizes(self.config, rollout_n=rollout_n, dp_size=self.dp_size, prefix="critic")
-        from verl.workers.config_utils import normalize_micro_key
-
         normalize_micro_key(self.config, "forward_micro_batch_size", "forward_micro_batch_size_per_gpu",
                             self.dp_size, "critic")
         if self.config.get("forward_micro_batch_size_per_gpu") is None:
@@ -441,7 +355,7 @@ class CriticWorker(Worker):
         model_cfg = self.config.model
         path = check_model_dir(cfg_get(model_cfg, "path"))
         trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
-        self.tokenizer = _load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or path, trust)
+        self.tokenizer = load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or path, trust)
         fsdp_config = cfg_get(model_cfg, "fsdp_config", {})
         self.device_mesh = build_device_mesh(self.dp_size, int(cfg_get(fsdp_config, "fsdp_size", -1)))
         torch.manual_seed(int(cfg_get(fsdp_config, "seed", 42)))
@@ -452,8 +366,8 @@ class CriticWorker(Worker):
             from verl.utils.fsdp_utils import enable_gradient_checkpointing
 
             enable_gradient_checkpointing(module)
-        self.critic_module = _wrap_fsdp(module, fsdp_config, self.device_mesh)
-        self.critic_optimizer, self.critic_lr_scheduler = _build_optim_and_sched(self.critic_module,
+        self.critic_module = wrap_fsdp(module, fsdp_config, self.device_mesh)
+        self.critic_optimizer, self.critic_lr_scheduler = build_optimizer_and_scheduler(self.critic_module,
                                                                                  self.config.optim)
         self.critic = DataParallelPPOCritic(config=self.config, critic_module=self.critic_module,
                                             critic_optimizer=self.critic_optimizer)
@@ -473,14 +387,14 @@ class CriticWorker(Worker):
         start = time.perf_counter()
         metrics = dict(self.critic.update_critic(data=data))
         metrics["perf/update_critic_s"] = time.perf_counter() - start
-        metrics["critic/lr"] = _lr_of(self.critic_lr_scheduler, self.critic_optimizer)
+        metrics["critic/lr"] = current_lr(self.critic_lr_scheduler, self.critic_optimizer)
         if self.critic_lr_scheduler is not None:
             self.critic_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})
 
     def _checkpointer(self):
         if self.checkpoint_manager is None:
-            self.checkpoint_manager = _make_checkpoint_manager(self.critic_module, self.critic_optimizer,
+            self.checkpoint_manager = make_checkpoint_manager(self.critic_module, self.critic_optimizer,
                                                                self.critic_lr_scheduler, self.tokenizer,
                                                                cfg_get(self.config, "checkpoint", None))
         return self.checkpoint_manager
@@ -493,7 +407,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        _load_ckpt(self._checkpointer(), local_path, del_local_after_load)
+        load_checkpoint_with(self._checkpointer(), local_path, del_local_after_load)
         dist.barrier()
 
 # ------------------------------------------------------------------------------------------ reward model
@@ -510,11 +424,9 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config, **kwargs):
         super().__init__()
-        self.config = as_mutable_config(config)
+        self.config = as_mutable_config(config, copy=True)
         init_distributed()
         self.dp_size = dist.get_world_size()
-        from verl.workers.config_utils import normalize_micro_key
-
         normalize_micro_key(self.config, "micro_batch_size", "micro_batch_size_per_gpu", self.dp_size, "reward_model")
         self.reward_module = self.tokenizer = self.input_tokenizer = None
         self._switch_template = False
@@ -526,11 +438,11 @@ class RewardModelWorker(Worker):
         model_cfg = self.config.model
         path = check_model_dir(cfg_get(model_cfg, "path"))
         trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
-        self.tokenizer = _load_tokenizer(path, trust)
+        self.tokenizer = load_tokenizer(path, trust)
         src = cfg_get(model_cfg, "input_tokenizer", None)
         if src is not None:
-            self.input_tokenizer = _load_tokenizer(src, trust)
-            self._switch_template = not _same_tokenizer(self.input_tokenizer, self.tokenizer)
+            self.input_tokenizer = load_tokenizer(src, trust)
+            self._switch_template = not same_tokenizer(self.input_tokenizer, self.tokenizer)
         torch.manual_seed(int(cfg_get(cfg_get(model_cfg, "fsdp_config"), "seed", 42)))
         dtype = cfg_get(cfg_get(model_cfg, "fsdp_config"), "model_dtype", "fp32")
         self.reward_module = load_reward_model(path, dtype=dtype, trust_remote_code=trust).eval()
@@ -602,7 +514,3 @@ class RewardModelWorker(Worker):
         token_level = torch.zeros(mask.shape, dtype=torch.float32)
         token_level[torch.arange(mask.size(0)), last] = scores
         return DataProto.from_dict(tensors={"rm_scores": token_level[:, -response_length:]})
-
-
-def _same_tokenizer(a, b) -> bool:
-    return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
