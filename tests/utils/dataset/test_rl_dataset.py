@@ -146,7 +146,7 @@ def test_bad_inputs_name_what_to_fix(tok, tmp_path):
     with pytest.raises(ValueError, match="data.truncation='both'"):
         RLHFDataset(f, tok, cfg(prompt_key="question", truncation="both"))
     bad_prompt = write(tmp_path / "bad.parquet", [{"prompt": 3}])
-    with pytest.raises(ValueError, match="row 0 of .*bad.parquet must be a chat list"):
+    with pytest.raises(ValueError, match="row 0 of .*bad.parquet: 'prompt' must be a chat list"):
         RLHFDataset(bad_prompt, tok, cfg())[0]
 
 
@@ -158,6 +158,10 @@ class TaggedDataset(RLHFDataset):
         row = super().__getitem__(item)
         row["tag"] = "custom"
         return row
+
+class HintedDataset(RLHFDataset):
+    def _build_messages(self, example):
+        return [{"role": "system", "content": "Answer with a number."}] + super()._build_messages(example)
 
 class NotADataset:
     pass
@@ -173,6 +177,9 @@ def test_custom_cls(tok, tmp_path, arith_file):
     ds = create_rl_dataset(arith_file, c, tok, None)
     assert ds[0]["tag"] == "custom" and len(ds) == 12
     assert get_dataset_class(cfg()) is RLHFDataset
+    hinted = create_rl_dataset(arith_file, cfg(custom_cls={"path": str(path), "name": "HintedDataset"}, return_raw_chat=True), tok, None)
+    assert hinted[0]["raw_prompt"][0]["role"] == "system"
+    assert tok.decode(hinted[0]["raw_prompt_ids"]).startswith("<|im_start|>system\nAnswer with a number.")
     with pytest.raises(AttributeError, match="'Missing' is not defined in .*my_ds.py"):
         get_dataset_class(cfg(custom_cls={"path": str(path), "name": "Missing"}))
     with pytest.raises(FileNotFoundError, match="data.custom_cls.path=.*nothere.py"):

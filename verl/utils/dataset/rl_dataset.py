@@ -164,7 +164,7 @@ class RLHFDataset(Dataset):
         """Drop rows whose rendered prompt exceeds max_prompt_length (only with filter_overlong_prompts)."""
         if not self.filter_overlong_prompts:
             return
-        texts = [self._render(self._build_messages(dict(row), i)) for i, row in enumerate(self.dataframe)]
+        texts = [self._render(self._messages_of(dict(row), i)) for i, row in enumerate(self.dataframe)]
         lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         keep = [i for i, n in enumerate(lengths) if n <= self.max_prompt_length]
         dropped = len(self.dataframe) - len(keep)
@@ -183,8 +183,15 @@ class RLHFDataset(Dataset):
         path, row = self._origins[item]
         return f"row {row} of {path}"
 
-    def _build_messages(self, example: dict, item: int) -> list[dict]:
-        """Pop the prompt column and return it as a chat list (a bare string becomes one user turn)."""
+    def _messages_of(self, example: dict, item: int) -> list[dict]:
+        try:
+            return self._build_messages(example)
+        except ValueError as err:
+            raise ValueError(f"{self._where(item)}: {err}") from err
+
+    def _build_messages(self, example: dict) -> list[dict]:
+        """Pop the prompt column and return it as a chat list (a bare string becomes one user turn).
+        Override this in a subclass to change the prompt (verl's hook, same signature)."""
         prompt = example.pop(self.prompt_key)
         if isinstance(prompt, str):
             return [{"role": "user", "content": prompt}]
@@ -192,8 +199,8 @@ class RLHFDataset(Dataset):
             prompt = prompt.tolist()
         if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
             raise ValueError(
-                f"{self.prompt_key!r} in {self._where(item)} must be a chat list like "
-                f"[{{'role': 'user', 'content': '...'}}], got {type(prompt).__name__}"
+                f"{self.prompt_key!r} must be a chat list like [{{'role': 'user', 'content': '...'}}], "
+                f"got {type(prompt).__name__}"
             )
         return prompt
 
@@ -210,7 +217,7 @@ class RLHFDataset(Dataset):
         row = copy.deepcopy(self.dataframe[item])
         if self.processor is not None and any(k in row for k in ("images", "videos")):
             raise NotImplementedError("multi-modal prompts (images/videos columns) are not supported yet")
-        messages = self._build_messages(row, item)
+        messages = self._messages_of(row, item)
         raw_prompt = self._render(messages)
         ids = self.tokenizer.encode(raw_prompt, add_special_tokens=False)
         if len(ids) > self.max_prompt_length:
