@@ -37,8 +37,29 @@ def init_local_ray(num_cpus: int | None = None, **kwargs: Any):
         return None
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("_node_ip_address", "127.0.0.1")
+    if kwargs["_node_ip_address"] in ("127.0.0.1", "localhost"):
+        _force_loopback()
     kwargs.setdefault("ignore_reinit_error", True)
     return ray.init(num_cpus=num_cpus, **kwargs)
+
+
+def _force_loopback() -> None:
+    """Make Ray keep 127.0.0.1 as the node address.
+
+    Ray replaces a loopback ``_node_ip_address`` by the machine's routable IP unless its "no cluster"
+    mode is on (the macOS/Windows default). That mode is read from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``
+    when Ray is imported, so set the variable (for Ray's child processes) and the already-imported
+    constant (for this process).
+    """
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] != "0":
+        return  # the user asked for cluster mode explicitly
+    try:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    except (ImportError, AttributeError):  # a Ray without this switch: it keeps its own choice
+        pass
 
 
 def parallel_put(data_list: list[Any], max_workers: int | None = None) -> list["ray.ObjectRef"]:

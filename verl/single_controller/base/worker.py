@@ -124,7 +124,8 @@ class Worker:
         try:
             import ray  # noqa: PLC0415  (only inside a Ray worker; never at import time)
 
-            return ray.util.get_node_ip_address()
+            node_ip = getattr(getattr(ray, "_private").worker.global_worker, "node_ip_address", None)
+            return node_ip or ray.util.get_node_ip_address()
         except Exception:
             return "127.0.0.1"
 

@@ -25,7 +25,7 @@ from verl.single_controller.ray.resource import (
     RayClassWithInitArgs,
     RayResourcePool,
     node_cores,
-    node_ip_of_bundle,
+    node_id_of_bundle,
     pick_master_addr_port,
 )
 from verl.utils.device import get_ray_resource_name
@@ -94,7 +94,7 @@ class RayWorkerGroup(WorkerGroup):
         accel = resource_pool.accelerator_resource
         rank = 0
         for pg_idx, (pg, local_world_size) in enumerate(zip(pgs, resource_pool.store)):
-            threads = resource_pool.thread_share(node_cores(node_ip_of_bundle(pg, 0)), local_world_size)
+            threads = resource_pool.thread_share(node_cores(node_id_of_bundle(pg, 0)), local_world_size)
             for local_rank in range(local_world_size):
                 env = {
                     "RANK": str(rank),
@@ -291,7 +291,7 @@ class RayWorkerGroup(WorkerGroup):
         what = "died" if isinstance(err, ray.exceptions.ActorDiedError) else "raised"
         msg = (
             f"{self._describe()}: rank {rank} (actor {name!r}) {what} during {method_name}() "
-            f"[world_size={self.world_size}]:\n{type(err).__name__}: {err}"
+            f"[world_size={self.world_size}]. Worker traceback / Ray error:\n{type(err).__name__}: {err}"
         )
         return WorkerError(msg, rank=rank, cause=err)
 

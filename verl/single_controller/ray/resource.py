@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 
 import ray
@@ -129,53 +130,69 @@ class RayResourcePool(ResourcePool):
         share = self.num_cpus_per_process or 1.0
         return max(1, min(int(share), node_cores // max(1, procs_on_node)))
 
-    def remove(self) -> None:
-        """Release the placement groups (kills the actors placed in them); the pool can be rebuilt."""
-        for pg in self.pgs or []:
+    def remove(self, wait_s: float = 10.0) -> None:
+        """Release the placement groups (kills the actors placed in them); the pool can be rebuilt.
+
+        Waits (up to ``wait_s``) until Ray reports the CPUs free again, so that a pool created right
+        after this sees them (Ray's resource view lags removals by a moment).
+        """
+        if not self.pgs:
+            return
+        freed = (self.num_cpus_per_process or 0.0) * self.world_size
+        before = _free_cpus()
+        for pg in self.pgs:
             try:
                 remove_placement_group(pg)
             except Exception as err:  # already gone
                 warnings.warn(f"removing placement group failed: {err}", stacklevel=2)
         self.pgs = None
+        deadline = time.monotonic() + wait_s
+        while _free_cpus() + 1e-6 < before + freed and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
-def node_ip_of_bundle(pg: PlacementGroup, bundle_index: int) -> str | None:
-    node_id = ray.util.placement_group_table(pg)["bundles_to_node_id"].get(bundle_index)
+def node_id_of_bundle(pg: PlacementGroup, bundle_index: int) -> str | None:
+    return ray.util.placement_group_table(pg)["bundles_to_node_id"].get(bundle_index)
+
+
+def _node(node_id: str | None) -> dict | None:
     for node in ray.nodes():
         if node["NodeID"] == node_id:
-            return node["NodeManagerAddress"]
+            return node
     return None
 
 
-def node_cores(node_ip: str | None) -> int:
+def _is_driver_node(node_id: str | None) -> bool:
+    return node_id is None or node_id == ray.get_runtime_context().get_node_id()
+
+
+def node_cores(node_id: str | None) -> int:
     """Real cores of a node: this machine's count if it is the driver's node, else Ray's CPU total."""
-    if node_ip is None or node_ip == ray.util.get_node_ip_address():
+    if _is_driver_node(node_id):
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    for node in ray.nodes():
-        if node["NodeManagerAddress"] == node_ip and node.get("Alive", True):
-            return int(node["Resources"].get("CPU", 1))
-    return 1
+    node = _node(node_id)
+    return int(node["Resources"].get("CPU", 1)) if node else 1
 
 
 @ray.remote(num_cpus=0)
-def _pick_port_on_node() -> tuple[str, int]:
+def _pick_port_on_node() -> int:
     from verl.single_controller.base.worker import get_free_port
 
-    return ray.util.get_node_ip_address(), get_free_port()
+    return get_free_port()
 
 
 def pick_master_addr_port(pg: PlacementGroup, bundle_index: int = 0) -> tuple[str, str]:
-    """Rank 0's node address and a port free there (asked on that node when it is not this one)."""
+    """Rank 0's node address (as Ray knows it, e.g. 127.0.0.1 for a loopback cluster) and a port free
+    there; the port is picked on that node by a tiny task when it is not the driver's node."""
     from verl.single_controller.base.worker import get_free_port
 
-    ip = node_ip_of_bundle(pg, bundle_index)
-    if ip is None or ip == ray.util.get_node_ip_address():
-        return ip or ray.util.get_node_ip_address(), str(get_free_port())
-    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-        node_id=ray.util.placement_group_table(pg)["bundles_to_node_id"][bundle_index], soft=False
-    )
-    addr, port = ray.get(_pick_port_on_node.options(scheduling_strategy=strategy).remote())
-    return addr, str(port)
+    node_id = node_id_of_bundle(pg, bundle_index)
+    node = _node(node_id)
+    addr = node["NodeManagerAddress"] if node else ray.util.get_node_ip_address()
+    if _is_driver_node(node_id):
+        return addr, str(get_free_port())
+    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    return addr, str(ray.get(_pick_port_on_node.options(scheduling_strategy=strategy).remote()))
 
 
 class RayClassWithInitArgs(ClassWithInitArgs):
