@@ -8,14 +8,14 @@ makes the diff metric light up, critic values/update, reward model scores, check
 """
 
 
+import os
+
 import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
-
-pytestmark = pytest.mark.e2e
 
 N_SAMPLES, RESP_LEN, N_PROMPTS = 2, 8, 4
 TEXTS = ["1+2=", "12+30=", "7*7=", "100-1="]
@@ -143,6 +143,7 @@ def add_advantages(batch, seed=0):
     return batch
 
 
+@pytest.mark.e2e
 def test_generate_and_logprobs_match(groups, prompts):
     wg = groups["actor_rollout_ref"]
     batch, diff = rollout_step(wg, prompts)
@@ -156,6 +157,7 @@ def test_generate_and_logprobs_match(groups, prompts):
     assert torch.allclose(ref.batch["ref_log_prob"][mask], batch.batch["old_log_probs"][mask], atol=1e-6)
 
 
+@pytest.mark.e2e
 def test_update_actor_then_push(groups, prompts):
     wg = groups["actor_rollout_ref"]
     batch, _ = rollout_step(wg, prompts)
@@ -176,6 +178,7 @@ def test_update_actor_then_push(groups, prompts):
     assert state["weight_version"] == 1 and not state["stale"]
 
 
+@pytest.mark.e2e
 def test_skip_sync_is_caught_by_diff_metric(groups, prompts):
     wg = groups["actor_rollout_ref"]
     batch, _ = rollout_step(wg, prompts)
@@ -192,6 +195,7 @@ def test_skip_sync_is_caught_by_diff_metric(groups, prompts):
     assert diff <= 1e-4
 
 
+@pytest.mark.e2e
 def test_critic_values_and_update(groups, prompts):
     wg, critic = groups["actor_rollout_ref"], groups["critic"]
     batch, _ = rollout_step(wg, prompts)
@@ -208,6 +212,7 @@ def test_critic_values_and_update(groups, prompts):
     assert float(new_values[mask].mean()) > float(values[mask].mean())
 
 
+@pytest.mark.e2e
 def test_reward_model_scores_last_token(groups, prompts, model_dir):
     from transformers import AutoModelForSequenceClassification
 
@@ -230,6 +235,7 @@ def test_reward_model_scores_last_token(groups, prompts, model_dir):
     assert torch.allclose(scores[row, last[row]], expect, atol=1e-4)
 
 
+@pytest.mark.e2e
 def test_lora_actor_ref_and_merged_push(groups, prompts):
     wg = groups["lora"]
     batch, diff = rollout_step(wg, prompts)
@@ -246,6 +252,7 @@ def test_lora_actor_ref_and_merged_push(groups, prompts):
     assert diff <= 1e-4, f"LoRA actor: rollout vs trainer diff {diff}"
 
 
+@pytest.mark.e2e
 def test_checkpoint_round_trip(groups, prompts, tmp_path):
     wg = groups["actor_rollout_ref"]
     batch, _ = rollout_step(wg, prompts)
@@ -261,3 +268,76 @@ def test_checkpoint_round_trip(groups, prompts, tmp_path):
     # the loaded weights reach the rollout engine too
     _, diff = rollout_step(wg, prompts)
     assert diff <= 1e-4
+
+
+# ------------------------------------------------------------------------------------ unit tests (no Ray)
+def test_batch_size_normalisation_and_errors():
+    from verl.workers.config_utils import normalize_log_prob_batch_sizes, normalize_ppo_batch_sizes
+
+    cfg = OmegaConf.create({"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4})
+    normalize_ppo_batch_sizes(cfg, rollout_n=4, dp_size=2, prefix="actor_rollout_ref.actor")
+    assert cfg.ppo_mini_batch_size == 16  # 8 prompts * 4 samples / 2 ranks
+    normalize_ppo_batch_sizes(cfg, rollout_n=4, dp_size=2, prefix="actor_rollout_ref.actor")  # idempotent
+    assert cfg.ppo_mini_batch_size == 16
+    legacy = OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 4})
+    normalize_ppo_batch_sizes(legacy, rollout_n=1, dp_size=2, prefix="critic")
+    assert legacy.ppo_micro_batch_size_per_gpu == 2
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.ppo_mini_batch_size.*divisible"):
+        normalize_ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 3, "ppo_micro_batch_size_per_gpu": 1}),
+                                  rollout_n=1, dp_size=2, prefix="actor_rollout_ref.actor")
+    with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu=3"):
+        normalize_ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 3}),
+                                  rollout_n=1, dp_size=2, prefix="actor_rollout_ref.actor")
+    with pytest.raises(ValueError, match="set critic.ppo_micro_batch_size_per_gpu"):
+        normalize_ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4}), rollout_n=1, dp_size=2,
+                                  prefix="critic")
+    rollout = OmegaConf.create({"log_prob_micro_batch_size": 8})
+    normalize_log_prob_batch_sizes(rollout, dp_size=4, prefix="actor_rollout_ref.rollout")
+    assert rollout.log_prob_micro_batch_size_per_gpu == 2
+
+
+def test_worker_config_copy_resolves_interpolations():
+    """Workers get subtrees of ppo_trainer.yaml; their private copies keep cross-tree interpolated values."""
+    from hydra import compose, initialize_config_dir
+
+    from verl.workers.config_utils import as_mutable_config, normalize_ppo_batch_sizes
+
+    config_dir = os.path.join(os.path.dirname(__file__), "..", "..", "verl", "trainer", "config")
+    with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
+        cfg = compose("ppo_trainer", overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=6",
+                                                "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                                "critic.ppo_micro_batch_size_per_gpu=1"])
+    critic = as_mutable_config(cfg.critic, copy=True)
+    assert critic.ppo_mini_batch_size == 6 and critic.use_dynamic_bsz is True
+    normalize_ppo_batch_sizes(critic, rollout_n=2, dp_size=2, prefix="critic")
+    assert critic.ppo_mini_batch_size == 6 and cfg.critic.ppo_mini_batch_size == 6  # the original is untouched
+
+
+def test_reward_model_retokenises_with_chat_template(model_dir):
+    """input_tokenizer != RM tokenizer: the chat plus the decoded response go through the RM's chat template."""
+    from transformers import AutoTokenizer
+
+    from verl.workers.fsdp_workers import RewardModelWorker
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    worker = RewardModelWorker.__new__(RewardModelWorker)  # only the re-tokenising half, no process group
+    worker.config = OmegaConf.create({"max_length": 64})
+    worker.tokenizer, worker.input_tokenizer = tok, tok
+    chats = [[{"role": "user", "content": "1+2="}], [{"role": "user", "content": "30+12="}]]
+    tok.padding_side = "left"
+    prompts = tok([tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats],
+                  return_tensors="pt", padding=True, add_special_tokens=False)
+    tok.padding_side = "right"
+    responses = tok(["3", "42"], return_tensors="pt", padding="max_length", max_length=4, add_special_tokens=False)
+    data = DataProto.from_dict(
+        {"prompts": prompts["input_ids"], "responses": responses["input_ids"],
+         "attention_mask": torch.cat([prompts["attention_mask"], responses["attention_mask"]], -1)},
+        non_tensors={"raw_prompt": np.array(chats + [None], dtype=object)[:2]})
+    out = worker._retokenize(data)
+    for i, chat in enumerate(chats):
+        answer = ["3", "42"][i]
+        full = tok.apply_chat_template(chat + [{"role": "assistant", "content": answer}], tokenize=False)
+        expect = tok(full, add_special_tokens=True)["input_ids"]
+        row = out.batch["input_ids"][i][out.batch["attention_mask"][i].bool()].tolist()
+        assert row == expect
+        assert out.batch["position_ids"][i, len(expect) - 1] == len(expect) - 1

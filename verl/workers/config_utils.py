@@ -36,7 +36,9 @@ def as_mutable_config(config: Any, copy: bool = False) -> DictConfig:
     if not isinstance(config, DictConfig):
         config = OmegaConf.create(config if config is not None else {})
     elif copy:
-        config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+        # resolve first: a subtree keeps its root, so absolute interpolations (${oc.select:actor_rollout_ref...})
+        # still see the whole config here, but not in a detached copy
+        config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
     OmegaConf.set_struct(config, False)
     return config
 
