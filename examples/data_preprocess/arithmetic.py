@@ -49,8 +49,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     config = ArithmeticConfig(
-        min_digits=args.min_digits, max_digits=args.max_digits, operators=args.operators,
-        min_terms=args.min_terms, max_terms=args.max_terms, allow_negative=not args.no_negative,
+        min_digits=args.min_digits,
+        max_digits=args.max_digits,
+        operators=args.operators,
+        min_terms=args.min_terms,
+        max_terms=args.max_terms,
+        allow_negative=not args.no_negative,
         paren_prob=args.paren_prob,
     )
     try:
@@ -61,13 +65,17 @@ def main(argv=None):
     train = make_rl_rows(args.train_size, split="train", seed=args.seed, config=config)
     seen = {row["extra_info"]["expression"] for row in train}
     test = _test_rows(make_rl_rows, args.test_size, args.seed + 1, config, seen)
-    written = [write_parquet(train, os.path.join(local_dir, "train.parquet")),
-               write_parquet(test, os.path.join(local_dir, "test.parquet"))]
+    written = [
+        write_parquet(train, os.path.join(local_dir, "train.parquet")),
+        write_parquet(test, os.path.join(local_dir, "test.parquet")),
+    ]
     if args.sft:
         sft_train = make_sft_rows(args.train_size, split="train", seed=args.seed, config=config)
         sft_test = _test_rows(make_sft_rows, args.test_size, args.seed + 1, config, seen)
-        written += [write_parquet(sft_train, os.path.join(local_dir, "sft", "train.parquet")),
-                    write_parquet(sft_test, os.path.join(local_dir, "sft", "test.parquet"))]
+        written += [
+            write_parquet(sft_train, os.path.join(local_dir, "sft", "train.parquet")),
+            write_parquet(sft_test, os.path.join(local_dir, "sft", "test.parquet")),
+        ]
     for path in written:
         print(f"wrote {path}")
     return written

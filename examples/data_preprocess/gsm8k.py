@@ -16,7 +16,12 @@ import argparse
 import os
 
 from verl.utils.dataset.preprocess_utils import (
-    GSM8K_INSTRUCTION, find_split_files, gsm8k_final_answer, read_records, require_fields, write_parquet,
+    GSM8K_INSTRUCTION,
+    find_split_files,
+    gsm8k_final_answer,
+    read_records,
+    require_fields,
+    write_parquet,
 )
 
 DATA_SOURCE = "openai/gsm8k"
@@ -29,13 +34,15 @@ def to_rows(records: list[dict], split: str, path: str) -> list[dict]:
         truth = gsm8k_final_answer(rec["answer"])
         if truth is None:
             raise ValueError(f"{path}, row {index}: the answer has no '#### <number>' line")
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": rec["question"] + " " + GSM8K_INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": truth},
-            "extra_info": {"split": split, "index": index, "answer": rec["answer"], "question": rec["question"]},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": rec["question"] + " " + GSM8K_INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": truth},
+                "extra_info": {"split": split, "index": index, "answer": rec["answer"], "question": rec["question"]},
+            }
+        )
     return rows
 
 

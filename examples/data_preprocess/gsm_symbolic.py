@@ -24,14 +24,20 @@ def make_rows(size: int, seed: int, split: str) -> list[dict]:
     rows = []
     for index, entry in enumerate(reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=seed)):
         meta = entry.get("metadata", {})
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": entry["question"] + " " + GSM8K_INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(entry["answer"]).strip()},
-            "extra_info": {"split": split, "index": index, "source_index": meta.get("source_index"),
-                           "difficulty": meta.get("difficulty")},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": entry["question"] + " " + GSM8K_INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(entry["answer"]).strip()},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "source_index": meta.get("source_index"),
+                    "difficulty": meta.get("difficulty"),
+                },
+            }
+        )
     return rows
 
 

@@ -2,7 +2,7 @@
 
 No dataset hub is contacted: point the script at files you already have.
 
-    python examples/data_preprocess/math_dataset.py --local_dataset_path ~/datasets/MATH-lighteval --local_dir ~/data/math
+    python examples/data_preprocess/math_dataset.py --local_dataset_path ~/datasets/MATH --local_dir ~/data/math
     python examples/data_preprocess/math_dataset.py --input_file test.jsonl --split test --local_dir ~/data/math
 
 Rows: data_source ``DigitalLearningGmbH/MATH-lighteval``, the problem plus verl's instruction (answer within
@@ -15,7 +15,12 @@ import argparse
 import os
 
 from verl.utils.dataset.preprocess_utils import (
-    MATH_INSTRUCTION, find_split_files, last_boxed_only_string, read_records, remove_boxed, require_fields,
+    MATH_INSTRUCTION,
+    find_split_files,
+    last_boxed_only_string,
+    read_records,
+    remove_boxed,
+    require_fields,
     write_parquet,
 )
 
@@ -29,13 +34,15 @@ def to_rows(records: list[dict], split: str, path: str) -> list[dict]:
         boxed = last_boxed_only_string(rec["solution"])
         if boxed is None:
             raise ValueError(f"{path}, row {index}: the solution has no \\boxed{{...}} answer")
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": rec["problem"] + " " + MATH_INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": remove_boxed(boxed)},
-            "extra_info": {"split": split, "index": index},
-        })
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": rec["problem"] + " " + MATH_INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": remove_boxed(boxed)},
+                "extra_info": {"split": split, "index": index},
+            }
+        )
     return rows
 
 

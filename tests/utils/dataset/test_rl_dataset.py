@@ -23,9 +23,17 @@ def write(path, rows):
 
 
 def cfg(**kw):
-    base = dict(prompt_key="prompt", max_prompt_length=64, truncation="error", filter_overlong_prompts=False,
-                return_raw_chat=False, return_full_prompt=False, shuffle=True, seed=None,
-                custom_cls={"path": None, "name": None})
+    base = dict(
+        prompt_key="prompt",
+        max_prompt_length=64,
+        truncation="error",
+        filter_overlong_prompts=False,
+        return_raw_chat=False,
+        return_full_prompt=False,
+        shuffle=True,
+        seed=None,
+        custom_cls={"path": None, "name": None},
+    )
     base.update(kw)
     return OmegaConf.create(base)
 
@@ -100,7 +108,10 @@ def test_truncation_error_names_file_row_and_fix(tok, tmp_path):
 
 
 def test_filter_overlong_prompts(tok, tmp_path):
-    rows = [{"prompt": [{"role": "user", "content": c}], "extra_info": {"index": i}} for i, c in enumerate(["1+1=", LONG, "22+3="])]
+    rows = [
+        {"prompt": [{"role": "user", "content": c}], "extra_info": {"index": i}}
+        for i, c in enumerate(["1+1=", LONG, "22+3="])
+    ]
     f = write(tmp_path / "f.parquet", rows)
     ds = RLHFDataset(f, tok, cfg(max_prompt_length=30, filter_overlong_prompts=True))
     assert len(ds) == 2 and [ds[i]["index"] for i in range(2)] == [0, 2]
@@ -120,9 +131,13 @@ def test_multiple_files_tilde_and_max_samples(tok, tmp_path, monkeypatch):
     assert len(capped) == 3 and [capped[i]["extra_info"]["index"] for i in range(3)] == [0, 1, 2]
     val = create_rl_dataset("~/b.parquet", cfg(train_max_samples=3, val_max_samples=-1), tok, None, is_train=False)
     assert len(val) == 7
-    shuffled = create_rl_dataset(["~/a.parquet", "~/b.parquet"], cfg(train_max_samples=6, shuffle=True, seed=3), tok, None)
+    shuffled = create_rl_dataset(
+        ["~/a.parquet", "~/b.parquet"], cfg(train_max_samples=6, shuffle=True, seed=3), tok, None
+    )
     again = create_rl_dataset(["~/a.parquet", "~/b.parquet"], cfg(train_max_samples=6, shuffle=True, seed=3), tok, None)
-    assert len(shuffled) == 6 and [r["extra_info"] for r in shuffled.dataframe] == [r["extra_info"] for r in again.dataframe]
+    assert len(shuffled) == 6 and [r["extra_info"] for r in shuffled.dataframe] == [
+        r["extra_info"] for r in again.dataframe
+    ]
 
 
 def test_bad_inputs_name_what_to_fix(tok, tmp_path):
@@ -150,7 +165,7 @@ def test_bad_inputs_name_what_to_fix(tok, tmp_path):
         RLHFDataset(bad_prompt, tok, cfg())[0]
 
 
-CUSTOM = '''
+CUSTOM = """
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 class TaggedDataset(RLHFDataset):
@@ -165,7 +180,7 @@ class HintedDataset(RLHFDataset):
 
 class NotADataset:
     pass
-'''
+"""
 
 
 def test_custom_cls(tok, tmp_path, arith_file):
@@ -177,7 +192,9 @@ def test_custom_cls(tok, tmp_path, arith_file):
     ds = create_rl_dataset(arith_file, c, tok, None)
     assert ds[0]["tag"] == "custom" and len(ds) == 12
     assert get_dataset_class(cfg()) is RLHFDataset
-    hinted = create_rl_dataset(arith_file, cfg(custom_cls={"path": str(path), "name": "HintedDataset"}, return_raw_chat=True), tok, None)
+    hinted = create_rl_dataset(
+        arith_file, cfg(custom_cls={"path": str(path), "name": "HintedDataset"}, return_raw_chat=True), tok, None
+    )
     assert hinted[0]["raw_prompt"][0]["role"] == "system"
     assert tok.decode(hinted[0]["raw_prompt_ids"]).startswith("<|im_start|>system\nAnswer with a number.")
     with pytest.raises(AttributeError, match="'Missing' is not defined in .*my_ds.py"):

@@ -31,7 +31,9 @@ def flat(batches):
 def make_loader(seed=1, shuffle=True, n=10, batch_size=3):
     cfg = OmegaConf.create({"shuffle": shuffle, "seed": seed, "sampler": {"class_path": None, "class_name": None}})
     ds = Numbers(n)
-    return dl.create_stateful_dataloader(ds, batch_size=batch_size, sampler=create_rl_sampler(cfg, ds), collate_fn=collate)
+    return dl.create_stateful_dataloader(
+        ds, batch_size=batch_size, sampler=create_rl_sampler(cfg, ds), collate_fn=collate
+    )
 
 
 def run_epochs(loader, epochs):
@@ -65,7 +67,7 @@ def test_resume_mid_epoch(backend, stop_epoch, stop_batch):
     seen = []
     for epoch in range(stop_epoch + 1):
         it = iter(loader)
-        for b in range(3 if epoch < stop_epoch else stop_batch):
+        for _ in range(3 if epoch < stop_epoch else stop_batch):
             seen += next(it)["x"].tolist()
     state = loader.state_dict()
     del it

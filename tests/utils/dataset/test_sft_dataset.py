@@ -22,8 +22,16 @@ def write(path, rows):
 
 
 def sft_cfg(**kw):
-    base = dict(prompt_key="prompt", response_key="response", prompt_dict_keys=None, response_dict_keys=None,
-                max_length=48, truncation="error", chat_template=None, multiturn={"messages_key": "messages"})
+    base = dict(
+        prompt_key="prompt",
+        response_key="response",
+        prompt_dict_keys=None,
+        response_dict_keys=None,
+        max_length=48,
+        truncation="error",
+        chat_template=None,
+        multiturn={"messages_key": "messages"},
+    )
     base.update(kw)
     return OmegaConf.create(base)
 
@@ -38,7 +46,9 @@ def test_single_turn_layout_and_mask(tok, tmp_path):
     ds = SFTDataset(f, tok, sft_cfg())
     row = make_sft_rows(4, seed=0)[2]
     item = ds[2]
-    prompt = tok.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=False
+    )
     expect = tok.encode(prompt + row["response"] + "<|im_end|>", add_special_tokens=False)
     n = len(expect)
     assert set(item) == {"input_ids", "attention_mask", "position_ids", "loss_mask"}
@@ -48,7 +58,9 @@ def test_single_turn_layout_and_mask(tok, tmp_path):
     assert item["position_ids"][:n].tolist() == list(range(n))
     assert trained_text(tok, item) == row["response"] + "<|im_end|>"  # the answer and eos, nothing else
     first = n - len(row["response"]) - 1
-    assert item["loss_mask"][:first].sum() == 0 and item["loss_mask"][first:n].all() and item["loss_mask"][n:].sum() == 0
+    assert (
+        item["loss_mask"][:first].sum() == 0 and item["loss_mask"][first:n].all() and item["loss_mask"][n:].sum() == 0
+    )
 
 
 def test_single_turn_dict_keys_and_truncation(tok, tmp_path):
@@ -92,7 +104,7 @@ def test_multiturn_loss_mask_on_assistant_tokens_only(tok, tmp_path):
     mask = item["loss_mask"].tolist()
     spans = [(i, j) for i in range(n) for j in [i] if mask[i] and (i == 0 or not mask[i - 1])]
     assert len(spans) == 2
-    for (start, _), content in zip(spans, ["4", "6, done"]):
+    for (start, _), content in zip(spans, ["4", "6, done"], strict=True):
         header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
         assert ids[start - len(header) : start] == header and mask[start - 1] == 0
         assert tok.decode(ids[start : start + len(content)]) == content

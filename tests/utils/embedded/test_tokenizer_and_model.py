@@ -12,7 +12,7 @@ from verl.utils.embedded.model import MODEL_SIZES, build_model, count_parameters
 TEXTS = [
     "12+7=19",
     "  two  spaces,\nnewline\n\nand\ttab ",
-    "Let's think step by step and output the final answer after \"####\".",
+    'Let\'s think step by step and output the final answer after "####".',
     "(3*4)-5/1 = 7; Ünïcödé and 中文 survive too",
     "",
 ]
@@ -50,7 +50,10 @@ def test_load_tokenizer_and_chat_template():
     _roundtrip(tok)
     msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12 + 7 =\n?"}]
     text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n12 + 7 =\n?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text
+        == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n12 + 7 =\n?<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tok.encode(text, add_special_tokens=False)
     assert ids.count(emb_tok.BOS_TOKEN_ID) == 3 and ids.count(emb_tok.EOS_TOKEN_ID) == 2
     assert tok.decode(ids) == text

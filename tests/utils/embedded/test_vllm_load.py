@@ -1,6 +1,5 @@
 """vLLM (the rollout engine) loads a make_model_dir directory and its tokenizer round-trips there too."""
 
-import os
 
 import pytest
 
@@ -9,16 +8,23 @@ pytestmark = pytest.mark.vllm
 
 def test_vllm_loads_embedded_model_dir(tmp_path, monkeypatch):
     pytest.importorskip("vllm")
-    for key, value in dict(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1",
-                           VLLM_CPU_NUM_OF_RESERVED_CPU="0").items():
+    for key, value in dict(
+        VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_NUM_OF_RESERVED_CPU="0"
+    ).items():
         monkeypatch.setenv(key, value)
     from vllm import LLM, SamplingParams
 
     from verl.utils.embedded import EOS_TOKEN_ID, make_model_dir
 
     path = make_model_dir(str(tmp_path / "tiny"), size="tiny")
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, distributed_executor_backend="uni",
-              max_model_len=128, max_num_seqs=4)
+    llm = LLM(
+        model=path,
+        dtype="float32",
+        enforce_eager=True,
+        distributed_executor_backend="uni",
+        max_model_len=128,
+        max_num_seqs=4,
+    )
     tok = llm.get_tokenizer()
     text = "a  b\n c 12+7=19"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text

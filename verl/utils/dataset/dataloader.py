@@ -11,7 +11,8 @@ Random order is ``torch.randperm(n, generator)`` per epoch with a generator seed
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
@@ -148,16 +149,26 @@ def _batch_len(batch) -> int:
     return len(batch)
 
 
-def create_stateful_dataloader(dataset, batch_size: int, sampler, collate_fn, num_workers: int = 0, drop_last: bool = True):
+def create_stateful_dataloader(
+    dataset, batch_size: int, sampler, collate_fn, num_workers: int = 0, drop_last: bool = True
+):
     """torchdata's ``StatefulDataLoader`` when installed, else ``ResumableDataLoader``."""
     if torchdata_available():
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         return StatefulDataLoader(
-            dataset=dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-            collate_fn=collate_fn, drop_last=drop_last,
+            dataset=dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            drop_last=drop_last,
         )
     return ResumableDataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, collate_fn=collate_fn,
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
         drop_last=drop_last,
     )

@@ -174,7 +174,9 @@ class RLHFDataset(Dataset):
                 f"tokens (shortest: {min(lengths)}); raise data.max_prompt_length"
             )
         if dropped:
-            logger.warning("filtered %d of %d prompts longer than %d tokens", dropped, len(lengths), self.max_prompt_length)
+            logger.warning(
+                "filtered %d of %d prompts longer than %d tokens", dropped, len(lengths), self.max_prompt_length
+            )
         self.dataframe = [self.dataframe[i] for i in keep]
         self._origins = [self._origins[i] for i in keep]
 
@@ -197,7 +199,9 @@ class RLHFDataset(Dataset):
             return [{"role": "user", "content": prompt}]
         if isinstance(prompt, np.ndarray):
             prompt = prompt.tolist()
-        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+        if not isinstance(prompt, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in prompt
+        ):
             raise ValueError(
                 f"{self.prompt_key!r} must be a chat list like [{{'role': 'user', 'content': '...'}}], "
                 f"got {type(prompt).__name__}"

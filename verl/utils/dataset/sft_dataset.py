@@ -83,7 +83,9 @@ class _SFTBase(Dataset):
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
         if self.chat_template is None and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template; use a chat model's tokenizer or set data.chat_template")
+            raise ValueError(
+                "the tokenizer has no chat template; use a chat model's tokenizer or set data.chat_template"
+            )
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         kwargs = {} if self.chat_template is None else {"chat_template": self.chat_template}

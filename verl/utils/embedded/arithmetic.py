@@ -92,7 +92,7 @@ def generate_problem(rng: random.Random, cfg: ArithmeticConfig) -> tuple[str, in
             i = rng.randint(0, n - 2)
             j = rng.randint(i + 1, min(n - 1, i + n - 2))  # never wrap the whole expression
             terms[i], terms[j] = "(" + terms[i], terms[j] + ")"
-        expression = terms[0] + "".join(op + t for op, t in zip(ops, terms[1:]))
+        expression = terms[0] + "".join(op + t for op, t in zip(ops, terms[1:], strict=True))
         try:
             value = evaluate(expression)
         except ZeroDivisionError:

@@ -1,6 +1,6 @@
 """Write a small Qwen2 model directory with the embedded tokenizer.
 
-    python -m verl.utils.embedded.make_model --size tiny --out ~/models/arith-tiny [--seed 0] [--overwrite]
+python -m verl.utils.embedded.make_model --size tiny --out ~/models/arith-tiny [--seed 0] [--overwrite]
 """
 
 from __future__ import annotations

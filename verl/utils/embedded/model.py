@@ -23,11 +23,17 @@ from verl.utils.embedded.tokenizer import (
 # Shapes per size; the comment is the parameter count with tied embeddings and the 259-token vocabulary.
 MODEL_SIZES: dict[str, dict[str, int]] = {
     # ~1.02M
-    "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    "tiny": dict(
+        hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    ),
     # ~25.4M
-    "small": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4),
+    "small": dict(
+        hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4
+    ),
     # ~104M
-    "base": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4),
+    "base": dict(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4
+    ),
 }
 
 MARKER_FILE = "embedded_model.json"  # records how the directory was made, so a second call can reuse it
