@@ -35,6 +35,17 @@ def test_load_models_and_override(model_dir):
     assert rm(input_ids=ids).logits.shape == (2, 1)
 
 
+def test_lora_value_model_streams_base_names(model_dir):
+    from verl.utils.fsdp_utils import apply_lora, iter_full_state_dict
+
+    critic = load_value_model(model_dir)
+    base_names = set(critic.state_dict())
+    wrapped = apply_lora(critic, lora_rank=2, lora_alpha=4)
+    trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
+    assert any("score" in n for n in trainable)  # the value head trains with the adapters
+    assert {n for n, _ in iter_full_state_dict(wrapped)} == base_names
+
+
 def test_missing_model_dir_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_causal_lm(str(tmp_path / "nowhere"))
@@ -123,6 +134,15 @@ def _fsdp_worker(rank, world, out_dir):
     if rank == 0:
         torch.save({"got": got, "new": new, "grad_norm": g}, f"{out_dir}/fsdp_utils.pt")
 
+    # HSDP (fsdp_size=1: replicate over 2 ranks, shard over 1): checkpoint shards merge back to full weights
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+    from verl.utils.fsdp_utils import create_device_mesh
+
+    hsdp = tiny_model(seed=4)
+    apply_fsdp2(hsdp, {"dtype": "fp32"}, create_device_mesh(world, fsdp_size=1))
+    assert hsdp.model.embed_tokens.weight.device_mesh.mesh_dim_names == ("ddp", "fsdp")
+    FSDPCheckpointManager(hsdp, None, None, None).save_checkpoint(local_path=f"{out_dir}/hsdp", global_step=1)
+
 
 @pytest.mark.e2e
 def test_fsdp2_wrap_mixed_precision_and_state_dict_roundtrip(tmp_path):
@@ -131,3 +151,8 @@ def test_fsdp2_wrap_mixed_precision_and_state_dict_roundtrip(tmp_path):
     assert res["grad_norm"] > 0 and math.isfinite(res["grad_norm"])
     for k, v in res["new"].items():
         assert torch.equal(res["got"][k], v), k
+    from verl.model_merger.fsdp_model_merger import load_fsdp_checkpoint
+
+    merged = load_fsdp_checkpoint(str(tmp_path / "hsdp"))
+    for k, v in tiny_model(seed=4).state_dict().items():
+        assert torch.equal(merged[k], v), k

@@ -92,10 +92,13 @@ def _as_mesh(mesh_or_group):
     return DeviceMesh.from_group(mesh_or_group, get_device_name())
 
 
-def get_fsdp_wrap_modules(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers: modules whose class is in the HF model's ``_no_split_modules``, else ``model.model.layers``."""
+def get_fsdp_wrap_modules(model: nn.Module, layer_cls_names=None) -> list[nn.Module]:
+    """The decoder layers: modules whose class is named in ``layer_cls_names`` or in the HF model's
+    ``_no_split_modules``, else ``model.model.layers``."""
     base = unwrap_peft(model)
-    names = set(getattr(base, "_no_split_modules", None) or [])
+    if isinstance(layer_cls_names, str):
+        layer_cls_names = [layer_cls_names]
+    names = set(layer_cls_names or getattr(base, "_no_split_modules", None) or [])
     found = [m for m in model.modules() if type(m).__name__ in names] if names else []
     if found:
         return found
@@ -124,8 +127,11 @@ def apply_fsdp2(model: nn.Module, fsdp_config=None, device_mesh=None) -> nn.Modu
 
     ``device_mesh``: a DeviceMesh (1-D, or 2-D ``("ddp", "fsdp")`` for HSDP), a ProcessGroup, or None (all ranks).
     Keys read from ``fsdp_config``: ``dtype`` / ``mixed_precision.{param_dtype, reduce_dtype}``,
-    ``reshard_after_forward`` (default True), ``offload_policy`` / ``param_offload`` (``CPUOffloadPolicy`` on
-    accelerators; on CPU parameters already live in host memory, so it is accepted and does nothing).
+    ``reshard_after_forward`` (default True), ``offload_policy`` (``CPUOffloadPolicy`` on accelerators; on CPU
+    the parameters already live in host memory, so it is accepted and does nothing),
+    ``wrap_policy.transformer_layer_cls_to_wrap`` (layer class names; default: the model's ``_no_split_modules``).
+    ``param_offload`` / ``optimizer_offload`` are the worker's business: it calls :func:`offload_fsdp_model_to_cpu`
+    / :func:`offload_fsdp_optimizer` between phases (no-ops on CPU).
     """
     mesh = _as_mesh(device_mesh)
     kwargs = dict(
@@ -135,7 +141,7 @@ def apply_fsdp2(model: nn.Module, fsdp_config=None, device_mesh=None) -> nn.Modu
     )
     if cfg_get(fsdp_config, "offload_policy", False) and get_device_name() != "cpu":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    for module in get_fsdp_wrap_modules(model):
+    for module in get_fsdp_wrap_modules(model, cfg_get(fsdp_config, "wrap_policy.transformer_layer_cls_to_wrap", None)):
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return model
@@ -184,12 +190,16 @@ def apply_lora(model: nn.Module, lora_rank: int, lora_alpha: float = 16, target_
     if lora_rank <= 0:
         raise ValueError(f"apply_lora needs lora_rank > 0, got {lora_rank}")
     is_token_cls = type(model).__name__.endswith("ForTokenClassification")
+    exclude_modules = _to_plain(exclude_modules)
+    if is_token_cls:  # the value head is trained in full (modules_to_save), not adapted
+        exclude_modules = [exclude_modules] if isinstance(exclude_modules, str) else list(exclude_modules or [])
+        exclude_modules.append("score")
     config = LoraConfig(
         task_type=TaskType.TOKEN_CLS if is_token_cls else TaskType.CAUSAL_LM,
         r=int(lora_rank),
         lora_alpha=lora_alpha,
         target_modules=_to_plain(target_modules),
-        exclude_modules=_to_plain(exclude_modules),
+        exclude_modules=exclude_modules,
         bias="none",
     )
     return get_peft_model(model, config)

@@ -148,6 +148,25 @@ def test_nonfinite_grad_skips_step():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_gradient_checkpointing_epochs_and_shuffle():
+    """Activation checkpointing changes nothing numerically; ppo_epochs x mini-batches optimizer steps."""
+    from verl.utils.fsdp_utils import enable_gradient_checkpointing
+
+    b = make_batch(8, 6, 5, seed=9)
+    cfg = actor_config(ppo_mini_batch_size=4, ppo_epochs=2, shuffle=True)
+    states = []
+    for ckpt in (False, True):
+        model = tiny_model(seed=3)
+        if ckpt:
+            enable_gradient_checkpointing(model)
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        metrics = actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 1.0}))
+        assert len(metrics["actor/grad_norm"]) == 4 and len(metrics["actor/pg_loss"]) == 8
+        states.append(model.state_dict())
+    for k in states[0]:
+        assert torch.allclose(states[0][k], states[1][k], atol=1e-6), k
+
+
 def _lora_worker(rank, world, out_dir, batch, cfg_dict):
     from omegaconf import OmegaConf
 
