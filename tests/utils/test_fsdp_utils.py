@@ -109,6 +109,9 @@ def test_packed_forward_has_no_cross_sequence_attention():
     assert (out - sep).abs().max() < 1e-5
 
 
+HSDP_IDS = torch.arange(3, 15).reshape(2, 6)
+
+
 def _fsdp_worker(rank, world, out_dir):
     from verl.utils.fsdp_utils import (apply_fsdp2, fsdp_version, get_full_state_dict, iter_full_state_dict,
                                        load_full_state_dict)
@@ -142,6 +145,10 @@ def _fsdp_worker(rank, world, out_dir):
     apply_fsdp2(hsdp, {"dtype": "fp32"}, create_device_mesh(world, fsdp_size=1))
     assert hsdp.model.embed_tokens.weight.device_mesh.mesh_dim_names == ("ddp", "fsdp")
     FSDPCheckpointManager(hsdp, None, None, None).save_checkpoint(local_path=f"{out_dir}/hsdp", global_step=1)
+    hsdp(input_ids=HSDP_IDS).logits.sum().backward()  # same data on both replicas: averaged grads = local grads
+    hsdp_norm = clip_grad_norm_(hsdp.parameters(), None)
+    if rank == 0:
+        torch.save(hsdp_norm, f"{out_dir}/hsdp_norm.pt")
 
 
 @pytest.mark.e2e
@@ -153,6 +160,10 @@ def test_fsdp2_wrap_mixed_precision_and_state_dict_roundtrip(tmp_path):
         assert torch.equal(res["got"][k], v), k
     from verl.model_merger.fsdp_model_merger import load_fsdp_checkpoint
 
+    plain = tiny_model(seed=4)
+    plain(input_ids=HSDP_IDS).logits.sum().backward()
+    expect = clip_grad_norm_(plain.parameters(), None)
+    assert abs(torch.load(tmp_path / "hsdp_norm.pt") - expect) < 1e-4 * expect
     merged = load_fsdp_checkpoint(str(tmp_path / "hsdp"))
     for k, v in tiny_model(seed=4).state_dict().items():
         assert torch.equal(merged[k], v), k

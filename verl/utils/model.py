@@ -174,9 +174,16 @@ def load_value_model(
     config = load_hf_config(path, override_config, trust_remote_code)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    model, info = _from_pretrained(
-        AutoModelForTokenClassification, path, config, to_torch_dtype(dtype), trust_remote_code, attn_implementation
-    )
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "value head MISSING" load report is expected here: handled below
+    try:
+        model, info = _from_pretrained(
+            AutoModelForTokenClassification, path, config, to_torch_dtype(dtype), trust_remote_code, attn_implementation
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     head = _value_head(model)
     missing = set(info.get("missing_keys", []) or [])
     if head is not None and any(k.split(".")[0] in ("score", "classifier", "v_head", "value_head") for k in missing):
