@@ -148,6 +148,21 @@ def test_nonfinite_grad_skips_step():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_truncated_importance_sampling_is_opt_in():
+    """tis_imp_ratio_cap > 0 weights the loss by min(pi_old / pi_rollout, cap); off by default."""
+    b = make_batch(4, 6, 5, seed=4)
+    b["rollout_log_probs"] = b["old_log_probs"] - 1.0  # pi_old / pi_rollout = e
+    grads = {}
+    for name, cap in (("off", -1), ("cap1", 1.0), ("cap2", 2.0)):
+        model = tiny_model(seed=3)
+        cfg = actor_config(tis_imp_ratio_cap=cap, grad_clip=1e9, optim={"lr": 0.0})
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        grads[name] = actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 1.0}))[
+            "actor/grad_norm"][0]
+    assert grads["cap1"] == pytest.approx(grads["off"], rel=1e-5)  # weight min(e, 1) = 1
+    assert grads["cap2"] == pytest.approx(2 * grads["off"], rel=1e-4)  # weight min(e, 2) = 2
+
+
 def test_gradient_checkpointing_epochs_and_shuffle():
     """Activation checkpointing changes nothing numerically; ppo_epochs x mini-batches optimizer steps."""
     from verl.utils.fsdp_utils import enable_gradient_checkpointing
