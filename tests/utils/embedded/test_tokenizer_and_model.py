@@ -2,6 +2,7 @@
 
 import json
 import os
+import stat
 
 import pytest
 import torch
@@ -101,6 +102,10 @@ def test_model_dir_loads_and_generation_stops_at_eos(model_dir):
     names = set(os.listdir(model_dir))
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
     assert not any(n.startswith(".") for n in os.listdir(os.path.dirname(model_dir)))  # no temp dirs left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(model_dir).st_mode) == 0o777 & ~umask  # not mkdtemp's 0700
+    assert stat.S_IMODE(os.stat(os.path.join(model_dir, "model.safetensors")).st_mode) == 0o666 & ~umask
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     assert type(model).__name__ == "Qwen2ForCausalLM"

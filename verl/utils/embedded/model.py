@@ -115,6 +115,7 @@ def make_model_dir(out_dir: str, size: str = "tiny", seed: int = 0, overwrite: b
         save_tokenizer(tmp_dir)
         with open(os.path.join(tmp_dir, MARKER_FILE), "w") as f:
             json.dump(marker, f)
+        _make_readable(tmp_dir)
         if os.path.exists(out_dir):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
             os.rename(out_dir, os.path.join(old, "model"))
@@ -129,6 +130,15 @@ def make_model_dir(out_dir: str, size: str = "tiny", seed: int = 0, overwrite: b
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return out_dir
+
+
+def _make_readable(directory: str) -> None:
+    """mkdtemp makes a 0700 directory: give it (and its files) the usual permissions under the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+    for name in os.listdir(directory):
+        os.chmod(os.path.join(directory, name), 0o666 & ~umask)
 
 
 def count_parameters(model) -> int:
