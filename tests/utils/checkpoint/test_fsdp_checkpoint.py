@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "workers", "actor"))
-from engine_testlib import actor_config, make_batch, make_model_dir, run_distributed, tiny_model  # noqa: E402
+from engine_testlib import actor_config, make_batch, run_distributed, tiny_model  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 
