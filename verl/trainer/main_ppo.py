@@ -236,6 +236,7 @@ class TaskRunner:
         if plan.use_rm:
             role_worker_mapping[Role.RewardModel] = ray.remote(rm_cls)
         spec, mapping = resource_pools(config, plan, placement)
+        print(f"Resource pools: {spec}; roles: { {role.name: pool for role, pool in mapping.items()} }")
         resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=mapping)
 
         reward_kwargs_node = OmegaConf.select(config, "reward_model.reward_kwargs", default=None)

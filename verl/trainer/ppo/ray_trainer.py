@@ -255,38 +255,46 @@ class RayPPOTrainer:
         progress_bar = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
         self.global_steps += 1
         last_val_metrics = None
-        for epoch in range(self._current_epoch(), int(self.config.trainer.total_epochs)):
-            for batch_dict in self.train_dataloader:
-                if self.global_steps > self.total_training_steps:
-                    break
-                metrics: dict[str, Any] = {}
-                timing_raw: dict[str, float] = {}
-                is_last_step = self.global_steps >= self.total_training_steps
+        for batch_dict in self._train_batches():
+            metrics: dict[str, Any] = {}
+            timing_raw: dict[str, float] = {}
+            is_last_step = self.global_steps >= self.total_training_steps
 
-                with marked_timer("step", timing_raw):
-                    batch = self.train_step(DataProto.from_single_dict(batch_dict), metrics, timing_raw)
-                    self._maybe_dump_rollouts(batch, timing_raw)
-                    if self._due(self.config.trainer.test_freq, is_last_step) and self.val_reward_fn is not None:
-                        with marked_timer("testing", timing_raw):
-                            val_metrics = self._validate()
-                        last_val_metrics = val_metrics if is_last_step else last_val_metrics
-                        metrics.update(val_metrics)
-                    if self._due(self.config.trainer.save_freq, is_last_step):
-                        with marked_timer("save_checkpoint", timing_raw):
-                            self._save_checkpoint()
+            with marked_timer("step", timing_raw):
+                batch = self.train_step(DataProto.from_single_dict(batch_dict), metrics, timing_raw)
+                self._maybe_dump_rollouts(batch, timing_raw)
+                if self._due(self.config.trainer.test_freq, is_last_step) and self.val_reward_fn is not None:
+                    with marked_timer("testing", timing_raw):
+                        val_metrics = self._validate()
+                    last_val_metrics = val_metrics if is_last_step else last_val_metrics
+                    metrics.update(val_metrics)
+                if self._due(self.config.trainer.save_freq, is_last_step):
+                    with marked_timer("save_checkpoint", timing_raw):
+                        self._save_checkpoint()
 
-                metrics.update(self._step_metrics(batch, timing_raw, epoch))
-                self.logger.log(data=metrics, step=self.global_steps)
-                self.metric_history.append((self.global_steps, _plottable(metrics)))
-                progress_bar.update(1)
-                self.global_steps += 1
-                if is_last_step:
-                    pprint(f"Final validation metrics: {last_val_metrics}")
-                    progress_bar.close()
-                    self._finish()
-                    return
+            metrics.update(self._step_metrics(batch, timing_raw))
+            self.logger.log(data=metrics, step=self.global_steps)
+            self.metric_history.append((self.global_steps, _plottable(metrics)))
+            progress_bar.update(1)
+            self.global_steps += 1
+            if is_last_step:
+                pprint(f"Final validation metrics: {last_val_metrics}")
+                break
         progress_bar.close()
         self._finish()
+
+    def _train_batches(self):
+        """Batches until ``total_training_steps``, epoch after epoch. A loader resumed exactly at the end of an
+        epoch may first yield an empty pass; that pass is not an epoch."""
+        empty_passes = 0
+        while self.global_steps <= self.total_training_steps and empty_passes < 2:
+            got_batch = False
+            for batch_dict in self.train_dataloader:
+                got_batch = True
+                yield batch_dict
+                if self.global_steps > self.total_training_steps:
+                    return
+            empty_passes = 0 if got_batch else empty_passes + 1
 
     def train_step(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         """One PPO / GRPO step on a batch of prompts; returns the full batch (for metrics)."""
@@ -409,7 +417,8 @@ class RayPPOTrainer:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
         return batch
 
-    def _step_metrics(self, batch: DataProto, timing_raw: dict, epoch: int) -> dict:
+    def _step_metrics(self, batch: DataProto, timing_raw: dict) -> dict:
+        epoch = (self.global_steps - 1) // max(1, len(self.train_dataloader))  # every epoch has len() batches
         metrics = {"training/global_step": self.global_steps, "training/epoch": epoch}
         metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing_raw))
@@ -424,12 +433,6 @@ class RayPPOTrainer:
     def _due(self, freq: Optional[int], is_last_step: bool) -> bool:
         """Every ``freq`` steps and at the last step; never when ``freq`` <= 0."""
         return freq is not None and freq > 0 and (is_last_step or self.global_steps % freq == 0)
-
-    def _current_epoch(self) -> int:
-        epoch = getattr(self.train_dataloader, "_epoch", None)
-        if epoch is not None:
-            return int(epoch)
-        return self.global_steps // max(1, len(self.train_dataloader))
 
     # ------------------------------------------------------------------------------------- validation
     def _validate(self) -> dict[str, float]:
