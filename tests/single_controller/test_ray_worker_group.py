@@ -1,4 +1,8 @@
-"""Worker groups on a real local Ray instance: dispatch modes, futures, meshes, colocation, failures."""
+"""Worker groups on a real local Ray instance: dispatch modes, futures, meshes, colocation, failures.
+
+One Ray instance with 2 CPUs for the whole module (the small-machine case): the default-sized 2-process
+group of ``TestEchoGroup`` takes both CPUs and is released after that class; later groups use fractions.
+"""
 
 import os
 import signal
@@ -33,115 +37,125 @@ def local_ray():
     from verl.utils.ray_utils import init_local_ray
 
     ray.cloudpickle.register_pickle_by_value(sc_test_workers)
-    init_local_ray(num_cpus=4, namespace="verl_sc_tests")
+    init_local_ray(num_cpus=2, namespace="verl_sc_tests")
     yield
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def echo_group(local_ray):
-    pool = RayResourcePool([2], use_gpu=False)
+    # verl's default use_gpu=True falls back to CPU bundles when the device seam finds no accelerator
+    pool = RayResourcePool([2])
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker, offset=100))
+    assert pool.num_cpus_per_process == 1.0 and not pool.use_gpu  # ray.init(num_cpus=2) + 2 processes fit
     yield wg
     pool.remove()
+
+
+def test_init_local_ray_is_loopback_and_unauthenticated(local_ray):
+    assert os.environ["RAY_AUTH_MODE"] == "disabled"
+    assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1"]
+    assert ray.cluster_resources()["CPU"] == 2
 
 
 def batch(n: int, **kw) -> DataProto:
     return DataProto.from_dict({"x": torch.arange(float(n))}, **kw)
 
 
-def test_group_env_threads_and_basic_modes(echo_group):
-    wg = echo_group
-    assert wg.world_size == 2 and len(wg.workers) == 2 and len(wg.worker_names) == 2
-    envs = wg.env()
-    assert [e["RANK"] for e in envs] == ["0", "1"]
-    assert {e["WORLD_SIZE"] for e in envs} == {"2"} and [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
-    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
-    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1 and envs[0]["MASTER_PORT"].isdigit()
-    assert envs[0]["pid"] != envs[1]["pid"]
-    # 2 processes sharing (at most) this machine's cores: each one gets its share of threads, >= 1
-    cores = len(os.sched_getaffinity(0))
-    assert all(e["threads"] == max(1, min(1, cores // 2)) for e in envs), envs
+class TestEchoGroup:
+    """Every test here shares one default-sized 2-process group."""
 
-    assert wg.add_rank(1) == [101, 102]  # ONE_TO_ALL
-    assert wg.echo(["a", "b"]) == [(0, "a"), (1, "b")]  # ALL_TO_ALL: per-rank lists are split
-    assert wg.echo("same") == [(0, "same"), (1, "same")]
-    assert wg.whoami() == "rank0"  # RANK_ZERO: one value, from rank 0
-    assert wg.one_to_rank_zero(7) == [7, 0]  # Execute.RANK_ZERO
-    assert wg.dp_square([3, 4]) == [(0, 9), (1, 16)]  # DP_COMPUTE
-    assert ray.get(wg.execute_all("add_rank", 0)) == [100, 101]
-    assert wg.execute_all_sync("add_rank", 5) == [105, 106]
-    assert wg.execute_rank_zero_sync("add_rank", 5) == 105
-    assert ray.get(wg.execute_rank_zero_async("whoami")) == "rank0"
-    assert ray.get(wg.execute_all_async("whoami")) == ["rank0", "rank1"]
-    with pytest.raises(ValueError, match="DP_COMPUTE expects every argument to be a list of length world_size=2"):
-        wg.dp_square([1, 2, 3])
+    def test_group_env_threads_and_basic_modes(self, echo_group):
+        wg = echo_group
+        assert wg.world_size == 2 and len(wg.workers) == 2 and len(wg.worker_names) == 2
+        envs = wg.env()
+        assert [e["RANK"] for e in envs] == ["0", "1"]
+        assert {e["WORLD_SIZE"] for e in envs} == {"2"} and [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+        assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+        assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1 and envs[0]["MASTER_PORT"].isdigit()
+        assert envs[0]["pid"] != envs[1]["pid"]
+        # 2 processes sharing (at most) this machine's cores: each one gets its share of threads, >= 1
+        assert [e["threads"] for e in envs] == [1, 1], envs  # one core each, not torch's default 2 each
 
-
-def test_dp_compute_proto_and_metric(echo_group):
-    wg = echo_group
-    out = wg.double(batch(6))
-    assert isinstance(out, DataProto) and len(out) == 6
-    assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
-    assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1, 1]  # chunk i went to rank i, concat in rank order
-    m = wg.metrics(batch(4))  # DP_COMPUTE_METRIC: one answer per rank, not concatenated
-    assert m == [{"rank": 0, "rows": 2, "sum": 1.0}, {"rank": 1, "rows": 2, "sum": 5.0}]
-
-    def plus_rank(worker, data):  # DP_COMPUTE_PROTO_WITH_FUNC: the function runs in each worker
-        return DataProto.from_dict({"y": data.batch["x"] + worker.rank})
-
-    out = wg.execute_with_func_generator(plus_rank, batch(4))
-    assert out.batch["y"].tolist() == [0.0, 1.0, 3.0, 4.0]
+        assert wg.add_rank(1) == [101, 102]  # ONE_TO_ALL
+        assert wg.echo(["a", "b"]) == [(0, "a"), (1, "b")]  # ALL_TO_ALL: per-rank lists are split
+        assert wg.echo("same") == [(0, "same"), (1, "same")]
+        assert wg.whoami() == "rank0"  # RANK_ZERO: one value, from rank 0
+        assert wg.one_to_rank_zero(7) == [7, 0]  # Execute.RANK_ZERO
+        assert wg.dp_square([3, 4]) == [(0, 9), (1, 16)]  # DP_COMPUTE
+        assert ray.get(wg.execute_all("add_rank", 0)) == [100, 101]
+        assert wg.execute_all_sync("add_rank", 5) == [105, 106]
+        assert wg.execute_rank_zero_sync("add_rank", 5) == 105
+        assert ray.get(wg.execute_rank_zero_async("whoami")) == "rank0"
+        assert ray.get(wg.execute_all_async("whoami")) == ["rank0", "rank1"]
+        with pytest.raises(ValueError, match="DP_COMPUTE expects every argument to be a list of length world_size=2"):
+            wg.dp_square([1, 2, 3])
 
 
-def test_non_divisible_batch_and_auto_padding(echo_group):
-    wg = echo_group
-    with pytest.raises(ValueError) as info:
-        wg.double(batch(5))
-    msg = str(info.value)
-    assert "double" in msg and "length 5" in msg and "data-parallel size 2" in msg and "auto_padding" in msg
-    out = wg.double(batch(5, auto_padding=True))  # padded to 6 for dispatch, unpadded after collect
-    assert len(out) == 5 and out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
-    fut = wg.double_async(batch(5, auto_padding=True))
-    assert isinstance(fut, DataProtoFuture) and len(fut.get()) == 5
+    def test_dp_compute_proto_and_metric(self, echo_group):
+        wg = echo_group
+        out = wg.double(batch(6))
+        assert isinstance(out, DataProto) and len(out) == 6
+        assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+        assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1, 1]  # chunk i went to rank i, concat in rank order
+        m = wg.metrics(batch(4))  # DP_COMPUTE_METRIC: one answer per rank, not concatenated
+        assert m == [{"rank": 0, "rows": 2, "sum": 1.0}, {"rank": 1, "rows": 2, "sum": 5.0}]
+
+        def plus_rank(worker, data):  # DP_COMPUTE_PROTO_WITH_FUNC: the function runs in each worker
+            return DataProto.from_dict({"y": data.batch["x"] + worker.rank})
+
+        out = wg.execute_with_func_generator(plus_rank, batch(4))
+        assert out.batch["y"].tolist() == [0.0, 1.0, 3.0, 4.0]
 
 
-def test_non_blocking_futures_chain(echo_group):
-    wg = echo_group
-    fut = wg.double_async(batch(4))
-    assert isinstance(fut, DataProtoFuture)
-    out = wg.add_one_to_y(fut)  # future passed straight in: resolved inside the workers
-    assert out.batch["z"].tolist() == [1.0, 3.0, 5.0, 7.0] and out.batch["rank"].tolist() == [0, 0, 1, 1]
-    refs = wg.slow_value(3)  # blocking=False ONE_TO_ALL: one ObjectRef per rank
-    assert isinstance(refs, list) and all(isinstance(r, ray.ObjectRef) for r in refs)
-    assert wg.add_rank(refs[1]) == [131, 132]  # an ObjectRef argument is materialized
-    assert ray.get(refs) == [30, 31]
-    ref = ray.put(batch(4))
-    assert wg.double(ref).batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]  # a ref to a whole batch is split
+    def test_non_divisible_batch_and_auto_padding(self, echo_group):
+        wg = echo_group
+        with pytest.raises(ValueError) as info:
+            wg.double(batch(5))
+        msg = str(info.value)
+        assert "double" in msg and "length 5" in msg and "data-parallel size 2" in msg and "auto_padding" in msg
+        out = wg.double(batch(5, auto_padding=True))  # padded to 6 for dispatch, unpadded after collect
+        assert len(out) == 5 and out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+        fut = wg.double_async(batch(5, auto_padding=True))
+        assert isinstance(fut, DataProtoFuture) and len(fut.get()) == 5
 
 
-def test_dp_mesh_dispatch(echo_group):
-    wg = echo_group
-    out = wg.mesh_tp2(batch(4))  # 1 dp group of tp=2: both get the whole batch, only rank 0 returns
-    assert len(out) == 4 and out.batch["rank"].tolist() == [0, 0, 0, 0]
-    assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]
-    out = wg.mesh_rev(batch(4))  # dp rank = reversed rank: rank 1 gets chunk 0, output in dp order
-    assert out.batch["rank"].tolist() == [1, 1, 0, 0] and out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]
-    assert wg._query_dispatch_info("rev") == [1, 0] and wg._query_collect_info("tp2") == [True, False]
+    def test_non_blocking_futures_chain(self, echo_group):
+        wg = echo_group
+        fut = wg.double_async(batch(4))
+        assert isinstance(fut, DataProtoFuture)
+        out = wg.add_one_to_y(fut)  # future passed straight in: resolved inside the workers
+        assert out.batch["z"].tolist() == [1.0, 3.0, 5.0, 7.0] and out.batch["rank"].tolist() == [0, 0, 1, 1]
+        refs = wg.slow_value(3)  # blocking=False ONE_TO_ALL: one ObjectRef per rank
+        assert isinstance(refs, list) and all(isinstance(r, ray.ObjectRef) for r in refs)
+        assert wg.add_rank(refs[1]) == [131, 132]  # an ObjectRef argument is materialized
+        assert ray.get(refs) == [30, 31]
+        ref = ray.put(batch(4))
+        assert wg.double(ref).batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]  # a ref to a whole batch is split
 
 
-def test_torch_distributed_all_reduce_over_gloo(echo_group):
-    assert echo_group.all_reduce(1.5) == [4.5, 4.5]  # 1.5*1 + 1.5*2 on both ranks
+    def test_dp_mesh_dispatch(self, echo_group):
+        wg = echo_group
+        out = wg.mesh_tp2(batch(4))  # 1 dp group of tp=2: both get the whole batch, only rank 0 returns
+        assert len(out) == 4 and out.batch["rank"].tolist() == [0, 0, 0, 0]
+        assert out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]
+        out = wg.mesh_rev(batch(4))  # dp rank = reversed rank: rank 1 gets chunk 0, output in dp order
+        assert out.batch["rank"].tolist() == [1, 1, 0, 0] and out.batch["y"].tolist() == [0.0, 2.0, 4.0, 6.0]
+        assert wg._query_dispatch_info("rev") == [1, 0] and wg._query_collect_info("tp2") == [True, False]
 
 
-def test_worker_exception_names_rank_and_traceback(echo_group):
-    with pytest.raises(WorkerError) as info:
-        echo_group.fail_on(1)
-    msg = str(info.value)
-    assert info.value.rank == 1 and "rank 1" in msg and "fail_on" in msg
-    assert "deliberate failure in worker rank 1" in msg and "Worker traceback" in msg
-    assert "sc_test_workers.py" in msg and ", in fail_on" in msg  # the worker's own frames
-    assert echo_group.add_rank(0) == [100, 101]  # the group still works afterwards
+    def test_torch_distributed_all_reduce_over_gloo(self, echo_group):
+        assert echo_group.all_reduce(1.5) == [4.5, 4.5]  # 1.5*1 + 1.5*2 on both ranks
+
+
+    def test_worker_exception_names_rank_and_traceback(self, echo_group):
+        with pytest.raises(WorkerError) as info:
+            echo_group.fail_on(1)
+        msg = str(info.value)
+        assert info.value.rank == 1 and "rank 1" in msg and "fail_on" in msg
+        assert "deliberate failure in worker rank 1" in msg and "Worker traceback" in msg
+        assert "sc_test_workers.py" in msg and ", in fail_on" in msg  # the worker's own frames
+        assert echo_group.add_rank(0) == [100, 101]  # the group still works afterwards
 
 
 def test_killed_worker_fails_pending_call_fast(local_ray):
@@ -205,20 +219,21 @@ def test_fused_worker(local_ray):
 
 def test_split_pools_via_resource_pool_manager(local_ray):
     mgr = ResourcePoolManager(
-        resource_pool_spec={"actor_pool": [1], "critic_pool": [1]},
-        mapping={Role.Actor: "actor_pool", Role.Critic: "critic_pool"},
+        resource_pool_spec={"actor_pool": [1], "critic_pool": [1], "rm_pool": [1]},
+        mapping={Role.Actor: "actor_pool", Role.Critic: "critic_pool", Role.RewardModel: "rm_pool"},
     )
-    mgr.create_resource_pool()
+    mgr.create_resource_pool()  # 3 processes on 2 CPUs: fractional bundles, nothing left pending
     try:
-        assert mgr.get_n_gpus() == 4  # CPU cluster: Ray CPU slots count as devices
+        assert mgr.get_n_gpus() == 2  # CPU cluster: Ray CPU slots count as devices
+        assert 0.5 < mgr.get_resource_pool(Role.Critic).num_cpus_per_process <= 2 / 3
         actor = RayWorkerGroup(mgr.get_resource_pool(Role.Actor), RayClassWithInitArgs(ActorRole, lr=10.0))
         critic = RayWorkerGroup(mgr.get_resource_pool(Role.Critic), RayClassWithInitArgs(CriticRole, bias=1.0))
         assert actor.world_size == 1 and critic.world_size == 1
         assert actor.info()[0]["pid"] != critic.info()[0]["pid"]
         v = critic.compute(actor.compute(batch(3)))
         assert v.batch["v"].tolist() == [1.0, 11.0, 21.0]
-        with pytest.raises(KeyError, match="RewardModel"):
-            mgr.get_resource_pool(Role.RewardModel)
+        with pytest.raises(KeyError, match="RefPolicy"):
+            mgr.get_resource_pool(Role.RefPolicy)
     finally:
         for pool in mgr.resource_pool_dict.values():
             pool.remove()
@@ -246,6 +261,6 @@ def test_detached_workers_reattach_by_name(local_ray):
 
 
 def test_pool_that_cannot_fit_fails_with_resources_named(local_ray):
-    pool = RayResourcePool([3], use_gpu=False, num_cpus_per_process=2.0)  # 6 CPUs on a 4-CPU cluster
-    with pytest.raises(RuntimeError, match=r"could not reserve 3 bundles of \{CPU=2\}"):
+    pool = RayResourcePool([3], use_gpu=False, num_cpus_per_process=1.0)  # 3 CPUs on a 2-CPU cluster
+    with pytest.raises(RuntimeError, match=r"could not reserve 3 bundles of \{CPU=1\}"):
         pool.get_placement_groups()

@@ -195,6 +195,31 @@ def pick_master_addr_port(pg: PlacementGroup, bundle_index: int = 0) -> tuple[st
     return addr, str(ray.get(_pick_port_on_node.options(scheduling_strategy=strategy).remote()))
 
 
+_ENV_KWARG = "_verl_worker_env"
+
+
+def _with_worker_env(cls):
+    """A subclass of ``cls`` whose constructor first exports the worker's environment.
+
+    Ray builds an actor with ``cls.__new__(cls)`` and then calls ``__init__``; here ``__init__`` pops the
+    environment argument, updates ``os.environ``, applies the thread share and only then runs the
+    user's constructor, so ``Worker.__init__`` reads RANK, WORLD_SIZE, MASTER_ADDR ... as usual.
+    """
+
+    def __init__(self, *args, **kwargs):
+        env = kwargs.pop(_ENV_KWARG, None) or {}
+        os.environ.update({k: str(v) for k, v in env.items()})
+        from verl.single_controller.base.worker import apply_thread_share
+
+        apply_thread_share()
+        cls.__init__(self, *args, **kwargs)
+
+    sub = type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__})
+    sub.__qualname__ = cls.__qualname__
+    sub.__module__ = cls.__module__
+    return sub
+
+
 class RayClassWithInitArgs(ClassWithInitArgs):
     """A worker class and its constructor arguments, plus the Ray actor options to start it with."""
 
@@ -212,25 +237,35 @@ class RayClassWithInitArgs(ClassWithInitArgs):
         self._options.update(options)
 
     def _remote_cls(self):
-        cls = self.cls
-        return cls if hasattr(cls, "options") and hasattr(cls, "remote") else ray.remote(cls)
+        """The Ray actor class to start: the user class under a thin subclass that applies the
+        per-rank environment first (see ``_with_worker_env``), with any ``@ray.remote`` defaults kept."""
+        if getattr(self, "_remote_cache", None) is None:
+            cls = self.cls
+            defaults = {}
+            if hasattr(cls, "options") and hasattr(cls, "remote"):  # already @ray.remote
+                defaults = dict(getattr(cls, "_default_options", None) or {})
+                cls = cls.__ray_actor_class__
+            self._remote_cache = (ray.remote(_with_worker_env(cls)), defaults)
+        return self._remote_cache
 
     def create_actor(self, options: dict, env_vars: dict | None = None):
-        """Start one actor with ``options`` (scheduling, resources, name) and extra ``env_vars``."""
-        merged = dict(self._options)
+        """Start one actor with ``options`` (scheduling, resources, name) and extra ``env_vars``.
+
+        The per-rank variables (RANK, MASTER_PORT ...) go in as a constructor argument rather than a
+        Ray ``runtime_env``: actors without a runtime_env can start in Ray's pre-started worker
+        processes, which makes a group start several seconds faster on a small machine.
+        """
+        remote_cls, defaults = self._remote_cls()
+        merged = dict(defaults)
+        merged.update(self._options)
         merged.update(options)
-        runtime_env = dict(self._options.get("runtime_env") or {})
-        env = dict(runtime_env.get("env_vars") or {})
-        env.update(env_vars or {})
-        if env:
-            runtime_env["env_vars"] = env
-        if runtime_env:
-            merged["runtime_env"] = runtime_env
         if self._additional_resource:
             resources = dict(merged.get("resources") or {})
             resources.update(self._additional_resource)
             merged["resources"] = resources
-        return self._remote_cls().options(**merged).remote(*self.args, **self.kwargs)
+        kwargs = dict(self.kwargs)
+        kwargs[_ENV_KWARG] = dict(env_vars or {})
+        return remote_cls.options(**merged).remote(*self.args, **kwargs)
 
     def __call__(
         self,
