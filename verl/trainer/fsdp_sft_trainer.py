@@ -1,0 +1,501 @@
+"""Supervised fine-tuning with FSDP2: ``python -m verl.trainer.fsdp_sft_trainer key=value ...``.
+
+Two ways to launch (config: ``verl/trainer/config/sft_trainer.yaml``, verl's keys)::
+
+    # one process (world size 1: the trainer creates its own one-member process group)
+    python -m verl.trainer.fsdp_sft_trainer data.train_files=... model.partial_pretrain=...
+    # N processes, verl's way (torchrun sets RANK / WORLD_SIZE / MASTER_ADDR ...)
+    torchrun --standalone --nnodes=1 --nproc_per_node=N -m verl.trainer.fsdp_sft_trainer ...
+
+What it does, and the key that controls each part:
+
+- data: ``SFTDataset`` (prompt/response columns: ``data.prompt_key``, ``data.response_key``) or
+  ``MultiTurnSFTDataset`` (``data.multiturn.enable=True``), or your class (``data.custom_cls.{path,name}``).
+  Each row gives ``input_ids``, ``attention_mask``, ``position_ids`` and ``loss_mask`` (1 on the response
+  tokens themselves, token-aligned: a custom dataset must follow the same convention);
+  ``data.max_length`` / ``data.truncation`` bound the length. Trailing padding columns are cut per micro-batch
+  (the results are the same, the compute is not wasted: ``use_remove_padding`` needs no separate path).
+- batches: ``data.train_batch_size`` rows (all processes together) per optimizer step, split into
+  micro-batches of ``data.micro_batch_size_per_gpu`` rows per process whose gradients accumulate.
+- loss: next-token cross-entropy on the response tokens only, summed and divided by the number of response
+  tokens in the whole global batch. This makes the loss (and the update) independent of how the batch is split
+  into processes and micro-batches: 1 process and 2 processes give the same numbers (verl's
+  ``data.balance_dp_token`` aims at the same effect; here it is always on).
+- model: ``model.partial_pretrain`` (a local HF dir) in ``model.fsdp_config.model_dtype``, sharded with FSDP2;
+  ``model.lora_rank > 0`` trains LoRA adapters (``lora_alpha``, ``target_modules``);
+  ``model.enable_gradient_checkpointing``.
+- optimizer: AdamW (``optim.lr``, ``betas``, ``weight_decay``), linear warm-up over
+  ``optim.lr_warmup_steps_ratio`` of the steps, then ``optim.lr_scheduler`` (cosine | constant);
+  gradient-norm clipping at ``optim.clip_grad`` (a non-finite norm skips the step).
+- length: ``trainer.total_epochs`` epochs, or exactly ``trainer.total_training_steps`` steps when set.
+- validation: loss on ``data.val_files`` after every epoch and every ``trainer.test_freq`` steps (``val/loss``).
+- logging: ``trainer.logger`` backends via ``verl.utils.tracking.Tracking`` (``train/loss``, ``train/lr(1e-3)``,
+  ``train/grad_norm``, ``val/loss``).
+- saving: every ``trainer.save_freq`` steps and after the last step, rank 0 writes a complete Hugging Face
+  model directory (config, safetensors, tokenizer; LoRA merged), atomically, at
+  ``<trainer.default_local_dir>/global_step_<N>/huggingface`` and records N in
+  ``latest_checkpointed_iteration.txt``. Pass that ``huggingface`` directory to main_ppo as
+  ``actor_rollout_ref.model.path``. ``trainer.max_ckpt_to_keep`` prunes older steps. When the checkpoint manager
+  (``verl.utils.checkpoint``) is available, the sharded model/optimizer/extra state is saved beside it too and
+  ``trainer.resume_mode=auto|resume_path`` resumes from it.
+- device: ``trainer.device=auto`` picks cuda, npu or cpu (gloo); on CPU each process gets its share of cores.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import socket
+import sys
+import time
+from contextlib import closing
+
+import hydra
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.sft.config import SFTPlan, validate_sft_config
+from verl.trainer.sft.hf_export import (
+    HF_SUBDIR,
+    latest_step,
+    mark_latest,
+    prune_checkpoints,
+    save_hf_model_dir,
+    step_dir,
+)
+from verl.utils.config import ConfigError
+
+EXIT_CONFIG_ERROR = 2
+
+__all__ = ["FSDPSFTTrainer", "create_sft_dataset", "run_sft", "main", "sft_loss_sums"]
+
+
+# ------------------------------------------------------------------------------------------------ process group
+def _free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def initialize_global_process_group(device: str) -> tuple[int, int, int]:
+    """(local_rank, rank, world_size). Under torchrun the env is set; a plain process becomes a group of one."""
+    from verl.utils.device import get_dist_backend, set_device
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if not dist.is_initialized():
+        backend = get_dist_backend(device)
+        if device != "cpu":  # gloo for CPU tensors (e.g. metrics), the accelerator's backend for the rest
+            backend = f"cpu:gloo,{device}:{backend}"
+            set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    return local_rank, dist.get_rank(), dist.get_world_size()
+
+
+def _set_cpu_threads() -> None:
+    """Give each process its share of the cores (unless the user set OMP_NUM_THREADS)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))
+
+
+# ------------------------------------------------------------------------------------------------ data
+def create_sft_dataset(data_paths, data_config, tokenizer, max_samples: int = -1):
+    """``data.custom_cls`` if set, else ``MultiTurnSFTDataset`` (``data.multiturn.enable``) or ``SFTDataset``."""
+    custom = data_config.get("custom_cls", None) or {}
+    if custom.get("path", None):
+        from verl.utils.import_utils import load_extern_type
+
+        dataset_cls = load_extern_type(custom.path, custom.name)
+    elif (data_config.get("multiturn", None) or {}).get("enable", False):
+        from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset as dataset_cls
+    else:
+        from verl.utils.dataset.sft_dataset import SFTDataset as dataset_cls
+    kwargs = dict(parquet_files=data_paths, tokenizer=tokenizer, config=data_config)
+    if "max_samples" in inspect.signature(dataset_cls.__init__).parameters:
+        kwargs["max_samples"] = max_samples
+    dataset = dataset_cls(**kwargs)
+    if max_samples is not None and max_samples > 0 and "max_samples" not in kwargs and len(dataset) > max_samples:
+        dataset = torch.utils.data.Subset(dataset, range(max_samples))
+    return dataset
+
+
+def _trim_padding(batch: dict) -> dict:
+    """Drop the columns after the last real token of the batch (right padding; causal model: same results)."""
+    mask = batch["attention_mask"]
+    cols = mask.any(dim=0).nonzero()
+    length = int(cols.max()) + 1 if cols.numel() else 1
+    return {k: (v[:, :length] if torch.is_tensor(v) and v.dim() == 2 and v.shape[1] == mask.shape[1] else v)
+            for k, v in batch.items()}
+
+
+def sft_loss_sums(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of next-token cross-entropy over response tokens, number of those tokens) for one micro-batch.
+
+    ``loss_mask[t] = 1`` means token ``t`` is a response token (the datasets' convention), so the loss of
+    predicting ``input_ids[:, 1:]`` from the logits at ``[:, :-1]`` is weighted by ``loss_mask[:, 1:]``.
+    """
+    batch = _trim_padding(batch)
+    input_ids = batch["input_ids"]
+    output = model(
+        input_ids=input_ids,
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+    )
+    logits = output.logits[:, :-1].float()
+    labels = input_ids[:, 1:]
+    mask = batch["loss_mask"][:, 1:].to(logits.dtype)
+    token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return (token_loss.view_as(mask) * mask).sum(), mask.sum()
+
+
+def _all_reduce_sum(*values: float | torch.Tensor) -> list[float]:
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+class FSDPSFTTrainer:
+    """The SFT recipe: ``__init__`` checks the config and builds data, model and optimizer; ``fit()`` trains."""
+
+    def __init__(self, config: DictConfig, device_mesh, tokenizer, train_dataset, val_dataset=None,
+                 plan: SFTPlan | None = None, ulysses_device_mesh=None):
+        from verl.utils.device import get_device
+
+        self.config = config
+        self.device_mesh = device_mesh
+        self.tokenizer = tokenizer
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.plan = plan or validate_sft_config(config, self.world_size, device=os.environ.get("VERL_DEVICE", "cpu"))
+        self.device = get_device(int(os.environ.get("LOCAL_RANK", 0)))
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        self._build_dataloader()
+        self._build_model_optimizer()
+        self.checkpoint_manager = self._maybe_checkpoint_manager()
+
+    # ---------------------------------------------------------------- setup
+    def _build_dataloader(self) -> None:
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        plan = self.plan
+        if len(self.train_dataset) < plan.global_batch_size:
+            raise ConfigError(
+                f"data.train_batch_size={plan.global_batch_size} is larger than the training set "
+                f"({len(self.train_dataset)} rows in data.train_files): lower data.train_batch_size"
+            )
+        self.train_sampler = DistributedSampler(
+            self.train_dataset, num_replicas=self.world_size, rank=self.rank, shuffle=True,
+            seed=int(self.config.trainer.seed), drop_last=True,
+        )
+        self.train_dataloader = DataLoader(
+            self.train_dataset, batch_size=plan.batch_size_per_rank, sampler=self.train_sampler,
+            num_workers=0, drop_last=True,
+        )
+        self.steps_per_epoch = len(self.train_dataloader)
+        total = self.config.trainer.get("total_training_steps")
+        self.total_steps = int(total) if total else self.steps_per_epoch * int(self.config.trainer.total_epochs)
+        if self.rank == 0:
+            print(f"SFT: {len(self.train_dataset)} train rows, {self.steps_per_epoch} steps/epoch, "
+                  f"{self.total_steps} steps, {self.world_size} process(es) x {plan.grad_accum_steps} micro-batches "
+                  f"of {plan.micro_batch_size_per_rank}", flush=True)
+
+    def _val_batches(self):
+        """This rank's share of the validation rows (i::world), padded to equal counts with weight-0 rows, so
+        every rank runs the same number of forward passes (FSDP collectives) and no row counts twice."""
+        from torch.utils.data import default_collate
+
+        n = len(self.val_dataset)
+        per_rank = math.ceil(n / self.world_size)
+        idx = list(range(self.rank, n, self.world_size))
+        weights = [1] * len(idx) + [0] * (per_rank - len(idx))
+        idx += [0] * (per_rank - len(idx))
+        mbs = self.plan.micro_batch_size_per_rank
+        for start in range(0, per_rank, mbs):
+            rows = [self.val_dataset[i] for i in idx[start:start + mbs]]
+            batch = default_collate(rows)
+            w = torch.tensor(weights[start:start + mbs], dtype=batch["loss_mask"].dtype).unsqueeze(1)
+            batch["loss_mask"] = batch["loss_mask"] * w
+            yield batch
+
+    def _build_model_optimizer(self) -> None:
+        from verl.utils.fs import copy_to_local
+        from verl.utils.fsdp_utils import (
+            apply_fsdp2,
+            apply_lora,
+            build_lr_scheduler,
+            build_optimizer,
+            enable_gradient_checkpointing,
+        )
+        from verl.utils.import_utils import import_external_libs
+        from verl.utils.model import load_causal_lm, print_model_size
+
+        cfg = self.config.model
+        import_external_libs(cfg.get("external_lib", None))
+        local_path = copy_to_local(cfg.partial_pretrain, use_shm=bool(cfg.get("use_shm", False)))
+        torch.manual_seed(int(self.config.trainer.seed))
+        model = load_causal_lm(local_path, dtype=cfg.fsdp_config.get("model_dtype", "fp32"),
+                               trust_remote_code=bool(cfg.get("trust_remote_code", False)))
+        model.config.use_cache = False
+        if int(cfg.get("lora_rank", 0) or 0) > 0:
+            model = apply_lora(model, int(cfg.lora_rank), cfg.get("lora_alpha", 16), cfg.get("target_modules", "all-linear"))
+        if cfg.get("enable_gradient_checkpointing", False):
+            enable_gradient_checkpointing(model)
+        if self.rank == 0:
+            print_model_size(model)
+        if self.device.type != "cpu":
+            model = model.to(self.device)
+        offload = bool(cfg.fsdp_config.get("cpu_offload", False) or cfg.fsdp_config.get("offload_params", False))
+        self.model = apply_fsdp2(model, {"offload_policy": offload}, self.device_mesh)
+        optim = self.config.optim
+        self.optimizer = build_optimizer(self.model.parameters(), {
+            "lr": float(optim.lr), "betas": list(optim.betas), "weight_decay": float(optim.weight_decay),
+        })
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, {
+            "lr_warmup_steps_ratio": float(optim.get("lr_warmup_steps_ratio", 0.0)),
+            "lr_scheduler_type": optim.get("lr_scheduler", "cosine"),
+        }, total_steps=self.total_steps)
+
+    def _maybe_checkpoint_manager(self):
+        contents = set(self.config.trainer.checkpoint.get("save_contents", []) or [])
+        if not contents & {"model", "optimizer", "extra"}:
+            return None
+        try:
+            from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+        except ImportError:
+            return None
+        try:
+            return FSDPCheckpointManager(model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
+                                         processing_class=self.tokenizer, checkpoint_config=self.config.trainer.checkpoint)
+        except TypeError:
+            return FSDPCheckpointManager(self.model, self.optimizer, self.lr_scheduler, self.tokenizer)
+
+    # ---------------------------------------------------------------- steps
+    def _micro_batches(self, batch: dict) -> list[dict]:
+        mbs = self.plan.micro_batch_size_per_rank
+        n = batch["input_ids"].shape[0]
+        return [{k: v[i:i + mbs].to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
+                for i in range(0, n, mbs)]
+
+    def training_step(self, batch: dict) -> dict:
+        """One optimizer step over this rank's share of the global batch; returns metrics (same on every rank)."""
+        from verl.utils.fsdp_utils import clip_grad_norm_
+
+        self.model.train()
+        micro_batches = self._micro_batches(batch)
+        local_tokens = sum(float(mb["loss_mask"][:, 1:].sum()) for mb in micro_batches)
+        (global_tokens,) = _all_reduce_sum(local_tokens)
+        if global_tokens == 0:
+            raise RuntimeError("this batch has no response tokens: check data.response_key / data.max_length / truncation")
+        loss_sum = 0.0
+        sync = getattr(self.model, "set_requires_gradient_sync", None)
+        for i, mb in enumerate(micro_batches):
+            if sync is not None:
+                sync(i == len(micro_batches) - 1)  # reduce gradients once, after the last micro-batch
+            s, _ = sft_loss_sums(self.model, mb)
+            # FSDP averages gradients over ranks, hence the world-size factor: the update is d(sum / tokens)
+            (s * (self.world_size / global_tokens)).backward()
+            loss_sum += float(s.detach())
+        grad_norm = clip_grad_norm_(self.model.parameters(), float(self.config.optim.clip_grad))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        elif self.rank == 0:
+            print(f"warning: grad norm is {grad_norm}; skipping this optimizer step", flush=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        (total_loss,) = _all_reduce_sum(loss_sum)
+        return {"train/loss": total_loss / global_tokens, "train/lr(1e-3)": lr * 1e3, "train/grad_norm": grad_norm}
+
+    @torch.no_grad()
+    def validation_loss(self) -> float | None:
+        """Mean response-token loss over the whole validation set (exact, whatever the number of processes)."""
+        if self.val_dataset is None or len(self.val_dataset) == 0:
+            return None
+        self.model.eval()
+        loss_sum = tokens = 0.0
+        for batch in self._val_batches():
+            s, n = sft_loss_sums(self.model, {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)})
+            loss_sum += float(s)
+            tokens += float(n)
+        loss_sum, tokens = _all_reduce_sum(loss_sum, tokens)
+        return loss_sum / max(tokens, 1.0)
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, step: int) -> str:
+        """HF model dir at ``global_step_<step>/huggingface`` (+ resumable state when available); returns its path."""
+        root = os.path.expanduser(self.config.trainer.default_local_dir)
+        path = step_dir(root, step)
+        if self.checkpoint_manager is not None:
+            self.checkpoint_manager.save_checkpoint(local_path=path, global_step=step)
+        hf_dir = os.path.join(path, HF_SUBDIR)
+        save_hf_model_dir(self.model, self.tokenizer, hf_dir, rank=self.rank)
+        if self.rank == 0:
+            mark_latest(root, step)
+            prune_checkpoints(root, self.config.trainer.get("max_ckpt_to_keep"))
+            print(f"saved Hugging Face model to {hf_dir} (use it as actor_rollout_ref.model.path)", flush=True)
+        if dist.is_initialized():
+            dist.barrier()
+        return hf_dir
+
+    def _resume(self) -> int:
+        """The step to start from (0 = fresh), after loading a saved state when resume is asked for and possible."""
+        tr = self.config.trainer
+        if tr.resume_mode == "disable":
+            return 0
+        if tr.resume_mode == "resume_path":
+            path = os.path.expanduser(tr.resume_from_path)
+            name = os.path.basename(os.path.normpath(path))
+            if not name.startswith("global_step_") or not os.path.isdir(path):
+                raise ConfigError(f"trainer.resume_from_path={tr.resume_from_path!r} must be an existing global_step_<N> directory")
+            step = int(name.split("_")[-1])
+        else:
+            step = latest_step(tr.default_local_dir)
+            if step is None:
+                return 0
+            path = step_dir(os.path.expanduser(tr.default_local_dir), step)
+        if self.checkpoint_manager is None:
+            raise ConfigError(
+                f"found a checkpoint at {path} but resuming needs verl.utils.checkpoint (model/optimizer state), "
+                "which is not available; set trainer.resume_mode=disable to start over"
+            )
+        self.checkpoint_manager.load_checkpoint(path)
+        if self.rank == 0:
+            print(f"resumed from {path} (step {step})", flush=True)
+        return step
+
+    # ---------------------------------------------------------------- loop
+    def fit(self) -> dict:
+        """Train for ``total_steps``; returns the last metrics (with ``val/loss`` if validation ran)."""
+        from verl.utils.tracking import Tracking
+
+        tr = self.config.trainer
+        tracker = None
+        if self.rank == 0:
+            tracker = Tracking(tr.project_name, tr.experiment_name, default_backend=list(tr.logger),
+                               config=OmegaConf.to_container(self.config, resolve=True))
+        global_step = self._resume()
+        test_freq, save_freq = int(tr.get("test_freq", -1) or -1), int(tr.get("save_freq", -1) or -1)
+        last_metrics: dict = {}
+        epoch = global_step // self.steps_per_epoch
+        skip = global_step % self.steps_per_epoch
+        while global_step < self.total_steps:
+            self.train_sampler.set_epoch(epoch)
+            for i, batch in enumerate(self.train_dataloader):
+                if i < skip:
+                    continue
+                t0 = time.time()
+                metrics = self.training_step(batch)
+                global_step += 1
+                metrics.update({"train/epoch": epoch, "timing_s/step": time.time() - t0})
+                last_step = global_step >= self.total_steps
+                end_of_epoch = i == self.steps_per_epoch - 1
+                if (test_freq > 0 and global_step % test_freq == 0) or end_of_epoch or last_step:
+                    val = self.validation_loss()
+                    if val is not None:
+                        metrics["val/loss"] = val
+                if tracker is not None:
+                    tracker.log(metrics, step=global_step)
+                last_metrics = metrics
+                if last_step or (save_freq > 0 and global_step % save_freq == 0):
+                    self.save_checkpoint(global_step)
+                if last_step:
+                    break
+            skip = 0
+            epoch += 1
+        if tracker is not None:
+            tracker.finish()
+        return last_metrics
+
+
+# ------------------------------------------------------------------------------------------------ entry
+def load_tokenizer(path: str, trust_remote_code: bool = False, chat_template: str | None = None):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def run_sft(config: DictConfig) -> dict:
+    """Validate, set up the process group, build datasets and train. Returns the last metrics."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from verl.utils.device import resolve_device
+    from verl.utils.fs import copy_to_local
+    from verl.utils.model import check_model_dir
+
+    try:
+        device = resolve_device(config.trainer.get("device", "auto"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    os.environ["VERL_DEVICE"] = device  # every device question in this process follows trainer.device
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    plan = validate_sft_config(config, world_size, device)
+    try:
+        model_path = check_model_dir(copy_to_local(config.model.partial_pretrain))
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(f"model.partial_pretrain: {e}") from None
+
+    if device == "cpu":
+        _set_cpu_threads()
+    local_rank, rank, world_size = initialize_global_process_group(device)
+    try:
+        device_mesh = init_device_mesh(device, mesh_shape=(world_size,), mesh_dim_names=("fsdp",))
+        tokenizer = load_tokenizer(model_path, bool(config.model.get("trust_remote_code", False)),
+                                   config.data.get("chat_template", None))
+        data = config.data
+        train_dataset = create_sft_dataset(plan.train_files, data, tokenizer, int(data.get("train_max_samples", -1)))
+        val_dataset = (create_sft_dataset(plan.val_files, data, tokenizer, int(data.get("val_max_samples", -1)))
+                       if plan.val_files else None)
+        trainer = FSDPSFTTrainer(config, device_mesh, tokenizer, train_dataset, val_dataset, plan=plan)
+        return trainer.fit()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    try:
+        run_sft(config)
+    except ConfigError as e:
+        print(f"Config error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+
+
+def _precheck_cli(argv: list[str]) -> None:
+    """Unknown / misspelled keys fail with a "did you mean" hint before Hydra composes the config."""
+    from hydra import compose, initialize_config_dir
+
+    from verl.utils.config import check_overrides
+
+    if any(a.startswith("-") for a in argv):  # --help, --cfg, -cn ...: leave to Hydra
+        return
+    overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]
+    config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            for warning in check_overrides(compose(config_name="sft_trainer"), overrides):
+                print(warning, file=sys.stderr)
+    except ConfigError as e:
+        print(f"Config error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+
+
+if __name__ == "__main__":
+    _precheck_cli(sys.argv[1:])
+    main()
