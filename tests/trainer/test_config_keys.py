@@ -122,3 +122,15 @@ def test_no_hydra_outputs_configured(cfg):
     assert full.hydra.run.dir == "."
     assert full.hydra.job.chdir is False
     assert full.hydra.job_logging == {} or "handlers" not in full.hydra.job_logging or not full.hydra.job_logging.handlers
+
+
+def test_other_entry_configs_compose():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        gen = compose(config_name="generation")
+        ev = compose(config_name="evaluation")
+        meg = compose(config_name="ppo_megatron_trainer")
+    assert gen.rollout.n == 1 and gen.data.n_samples == 5 and gen.trainer.device == "auto"
+    assert ev.data.response_key == "responses" and ev.custom_reward_function.name == "compute_score"
+    assert meg.actor_rollout_ref.actor.strategy == "megatron"
+    assert meg.actor_rollout_ref.ref.strategy == "megatron"  # follows the actor
+    assert meg.data.train_batch_size == 1024  # everything else is ppo_trainer.yaml
