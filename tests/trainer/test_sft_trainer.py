@@ -141,11 +141,19 @@ def test_loss_counts_response_tokens_only(assets):
 
 
 # ------------------------------------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def six_steps(assets, tmp_path_factory):
+    """One plain 6-step run (constant lr), shared by the tests below."""
+    out = tmp_path_factory.mktemp("six_steps")
+    rows, _ = _run([PY, "-m", "verl.trainer.fsdp_sft_trainer", *_overrides(assets, out, **{"trainer.test_freq": 3})], out)
+    return rows, out
+
+
 @pytest.mark.e2e
-def test_sft_lowers_loss_and_saves_loadable_hf_dir(assets, tmp_path):
+def test_sft_lowers_loss_and_saves_loadable_hf_dir(assets, six_steps):
+    rows, tmp_path = six_steps
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    rows, _ = _run([PY, "-m", "verl.trainer.fsdp_sft_trainer", *_overrides(assets, tmp_path, **{"trainer.test_freq": 3})], tmp_path)
     losses = [r["data"]["train/loss"] for r in rows]
     vals = [r["data"]["val/loss"] for r in rows if "val/loss" in r["data"]]
     assert len(losses) == 6 and len(vals) == 2
@@ -204,3 +212,22 @@ def test_two_processes_match_one_process(assets, tmp_path):
     for a, b in zip(l1, l2):
         assert abs(a - b) < 1e-5, (l1, l2)
     assert abs(rows1[-1]["data"]["val/loss"] - rows2[-1]["data"]["val/loss"]) < 1e-5
+
+
+@pytest.mark.e2e
+def test_resume_continues_exactly(assets, six_steps, tmp_path):
+    """4 steps with a checkpoint every 2, then a second run to step 6 resumes from step 4 (model, optimizer,
+    scheduler, data position) and logs the same losses as the uninterrupted 6-step run."""
+    straight, _ = six_steps
+    first, _ = _run([PY, "-m", "verl.trainer.fsdp_sft_trainer",
+                     *_overrides(assets, tmp_path, **{"trainer.total_training_steps": 4, "trainer.save_freq": 2,
+                                                      "data.val_files": "null"})], tmp_path)
+    assert sorted(p for p in os.listdir(tmp_path / "ckpt") if p.startswith("global_step_")) == ["global_step_2", "global_step_4"]
+    (tmp_path / "metrics.jsonl").unlink()
+    second, proc = _run([PY, "-m", "verl.trainer.fsdp_sft_trainer",
+                         *_overrides(assets, tmp_path, **{"data.val_files": "null"})], tmp_path)
+    assert "resumed from" in proc.stdout
+    assert [r["step"] for r in second] == [5, 6]
+    expected = {r["step"]: r["data"]["train/loss"] for r in straight}
+    for r in first + second:
+        assert abs(r["data"]["train/loss"] - expected[r["step"]]) < 1e-5, (r, expected)
