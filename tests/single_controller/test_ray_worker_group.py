@@ -179,7 +179,10 @@ def test_killed_worker_fails_pending_call_fast(local_ray):
 
 def test_colocated_roles_spawn(local_ray):
     cls = create_colocated_worker_cls(
-        {"actor": RayClassWithInitArgs(ActorRole, lr=3.0), "critic": RayClassWithInitArgs(CriticRole, bias=0.5)}
+        {
+            "actor": RayClassWithInitArgs(cls=ray.remote(ActorRole), lr=3.0),
+            "critic": RayClassWithInitArgs(CriticRole, bias=0.5),
+        }
     )
     pool = RayResourcePool([2], use_gpu=False, num_cpus_per_process=0.5)
     wg = RayWorkerGroup(pool, cls)
@@ -243,7 +246,7 @@ def test_split_pools_via_resource_pool_manager(local_ray):
 
 def test_detached_workers_reattach_by_name(local_ray):
     pool = RayResourcePool([2], use_gpu=False, detached=True, num_cpus_per_process=0.5, name_prefix="detpool")
-    cls = RayClassWithInitArgs(EchoWorker, offset=1)
+    cls = RayClassWithInitArgs(cls=ray.remote(EchoWorker), offset=1)  # verl's spelling: a ray.remote class
     wg = RayWorkerGroup(pool, cls, detached=True, name_prefix="det_")
     try:
         assert wg.bump() == [1, 1]

@@ -361,9 +361,8 @@ def update_dispatch_mode(dispatch_mode, dispatch_fn: Callable, collect_fn: Calla
 
 
 def get_predefined_execute_fn(execute_mode) -> dict:
-    return {Execute.ALL: {"execute_fn_name": "execute_all"}, Execute.RANK_ZERO: {"execute_fn_name": "execute_rank_zero"}}[
-        execute_mode
-    ]
+    names = {Execute.ALL: "execute_all", Execute.RANK_ZERO: "execute_rank_zero"}
+    return {"execute_fn_name": names[execute_mode]}
 
 
 # ----------------------------------------------------------------------------------------------
