@@ -151,6 +151,7 @@ def test_generate_and_logprobs_match(groups, prompts):
     assert batch.batch["responses"].shape == (N_PROMPTS * N_SAMPLES, RESP_LEN)
     assert batch.meta_info["temperature"] == 1.0
     assert "entropys" in batch.batch.keys()
+    print(f"[measure] initial rollout_probs_diff_max={diff:.2e}")
     assert diff <= 1e-4, f"rollout vs trainer logprob diff {diff}"
     ref = wg.compute_ref_log_prob(batch)
     mask = batch.batch["response_mask"].bool()
@@ -173,6 +174,7 @@ def test_update_actor_then_push(groups, prompts):
     gen = wg.generate_sequences(prompts)
     assert gen.meta_info["timing"]["update_weights"] > 0
     _, diff = rollout_step(wg, prompts)
+    print(f"[measure] timing {gen.meta_info['timing']}; after-update rollout_probs_diff_max={diff:.2e}")
     assert diff <= 1e-4, f"after update: rollout vs trainer logprob diff {diff} (weights not pushed?)"
     state = wg.get_weight_sync_state()[0]
     assert state["weight_version"] == 1 and not state["stale"]
@@ -188,6 +190,7 @@ def test_skip_sync_is_caught_by_diff_metric(groups, prompts):
         _, stale_diff = rollout_step(wg, prompts)
     finally:
         wg.set_skip_weight_sync(False)
+    print(f"[measure] stale-engine rollout_probs_diff_max={stale_diff:.2e}")
     assert stale_diff > 1e-3, f"stale engine not detected: diff {stale_diff}"
     # the next entry with the switch off pushes again: back in sync
     wg.update_actor(add_advantages(batch, seed=2))

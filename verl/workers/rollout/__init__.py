@@ -12,7 +12,7 @@ import importlib.util
 
 from .base import BaseRollout
 
-__all__ = ["BaseRollout", "get_rollout_class", "ROLLOUT_REGISTRY"]
+__all__ = ["BaseRollout", "HFRollout", "get_rollout_class", "ROLLOUT_REGISTRY"]
 
 # name -> (module, class, pip package that provides the engine)
 ROLLOUT_REGISTRY: dict[str, tuple[str, str, str | None]] = {
@@ -53,3 +53,9 @@ def get_rollout_class(name: str) -> type[BaseRollout]:
         return getattr(module, class_name)
     except AttributeError as exc:
         raise ImportError(f"{module_name} does not define {class_name}") from exc
+
+
+def __getattr__(name):  # verl exports HFRollout here; imported on first use (keeps this package light)
+    if name == "HFRollout":
+        return get_rollout_class("hf")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
