@@ -94,12 +94,14 @@ def groups(model_dir):
                                                       role="actor_rollout_ref"),
             "critic": RayClassWithInitArgs(CriticWorker, config=critic_config(model_dir)),
             "rm": RayClassWithInitArgs(RewardModelWorker, config=reward_model_config(model_dir)),
+            # a separate reference-policy role, as the trainer builds it without LoRA
+            "ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_rollout_ref_config(model_dir), role="ref"),
             # LoRA policy in the trainer's layout: role actor_rollout, reference = adapters disabled
             "lora": RayClassWithInitArgs(ActorRolloutRefWorker, config=lora_actor_config(model_dir),
                                          role="actor_rollout"),
         })
         wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
-        spawned = wg.spawn(prefix_set={"actor_rollout_ref", "critic", "rm", "lora"})
+        spawned = wg.spawn(prefix_set={"actor_rollout_ref", "critic", "rm", "lora", "ref"})
         for g in spawned.values():
             g.init_model()
         yield spawned
@@ -156,6 +158,10 @@ def test_generate_and_logprobs_match(groups, prompts):
     ref = wg.compute_ref_log_prob(batch)
     mask = batch.batch["response_mask"].bool()
     assert torch.allclose(ref.batch["ref_log_prob"][mask], batch.batch["old_log_probs"][mask], atol=1e-6)
+    ref_only = groups["ref"].compute_ref_log_prob(batch)  # role="ref": a frozen FSDP2 copy in the same processes
+    assert torch.allclose(ref_only.batch["ref_log_prob"], ref.batch["ref_log_prob"], atol=1e-6)
+    with pytest.raises(Exception, match="needs an actor role"):
+        groups["ref"].update_actor(batch)
 
 
 @pytest.mark.e2e
