@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 REWARD_PY = textwrap.dedent('''
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         digits = sum(ch.isdigit() for ch in solution_str)
-        return digits / max(1, len(solution_str))
+        return (1 + digits) / (1 + len(solution_str))  # > 0 for every response, varies with the text
 ''')
 
 
