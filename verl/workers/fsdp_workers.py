@@ -34,6 +34,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.device import get_device_name
 from verl.workers.config_utils import (as_mutable_config, memory_metrics, normalize_log_prob_batch_sizes,
                                        normalize_micro_key, normalize_ppo_batch_sizes, require_log_prob_micro)
 from verl.workers.rollout.utils import cfg_get
@@ -187,7 +188,8 @@ class ActorRolloutRefWorker(Worker):
                                    generation_config=self.generation_config,
                                    trust_remote_code=bool(cfg_get(self.config.model, "trust_remote_code", False)),
                                    model_hf_config=getattr(self.actor_module, "config", None),
-                                   device_mesh=self.device_mesh, actor_will_push=self.actor_module is not None)
+                                   device_mesh=self.device_mesh, actor_will_push=self.actor_module is not None,
+                                   device=get_device_name())
         if self.actor_module is not None:
             self.rollout_sharding_manager = FSDPRolloutShardingManager(self.actor_module, self.rollout,
                                                                        device_mesh=self.device_mesh)
