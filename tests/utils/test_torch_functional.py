@@ -138,3 +138,11 @@ def test_lr_schedules():
     assert opt.param_groups[0]["lr"] == 0.0  # the schedule is applied at construction
     s2 = F.get_constant_schedule_with_warmup(opt, num_warmup_steps=4)
     assert np.allclose([s2.lr_lambdas[0](k) for k in range(6)], [0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
+
+
+def test_constant_schedule_without_warmup_starts_at_full_lr():
+    # Regression: with num_warmup_steps=0 the first optimizer step must not run at lr 0.
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    sched = F.get_constant_schedule_with_warmup(opt, num_warmup_steps=0)
+    assert [sched.lr_lambdas[0](k) for k in range(3)] == [1.0, 1.0, 1.0]
+    assert opt.param_groups[0]["lr"] == 0.5

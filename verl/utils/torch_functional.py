@@ -201,7 +201,10 @@ def get_constant_schedule_with_warmup(optimizer, num_warmup_steps: int, last_epo
     """Linear warm-up from 0 to the base lr over ``num_warmup_steps``, then constant."""
 
     def factor(step: int) -> float:
-        return min(1.0, float(step) / float(max(1, num_warmup_steps)))
+        # No warm-up means full lr from the very first step (not 0/1 = 0 at step 0).
+        if step < num_warmup_steps:
+            return float(step) / float(num_warmup_steps)
+        return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch)
 
