@@ -290,3 +290,23 @@ def test_resumable_dataloader_mid_epoch():
     loader3.load_state_dict(state)
     rest = list(loader3) + list(loader3)
     assert seen + rest == full
+
+
+def test_val_only_and_sample_dumps(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "m.jsonl"))
+    cfg = make_config(tmp_path, "trainer.val_only=True", f"trainer.validation_data_dir={tmp_path / 'val'}")
+    trainer, wg = make_trainer(cfg)
+    trainer.fit()
+    assert [r["step"] for r in read_jsonl(tmp_path / "m.jsonl")] == [0]
+    assert not [c for c in wg.calls if c[0] == "update_actor"]
+    rows = read_jsonl(tmp_path / "val" / "0.jsonl")
+    assert len(rows) == 6 and {"input", "output", "score", "step"} <= set(rows[0])
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "m2.jsonl"))
+    cfg = make_config(tmp_path / "r", "trainer.val_before_train=False", "trainer.total_training_steps=1",
+                      f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", "trainer.log_val_generations=2",
+                      "actor_rollout_ref.rollout.n=2", "algorithm.adv_estimator=grpo")
+    trainer, wg = make_trainer(cfg, n=2)
+    trainer.fit()
+    rows = read_jsonl(tmp_path / "rollouts" / "1.jsonl")
+    assert len(rows) == 8 and len({r["uid"] for r in rows}) == 4  # 4 prompts x 2 samples, grouped by uid
