@@ -72,6 +72,21 @@ def test_wandb_offline(tmp_path, monkeypatch):
     assert any(p.name.startswith("offline-run") for p in (tmp_path / "wandb").iterdir())
 
 
+def test_wandb_without_credentials_goes_offline(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    seen = {}
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.update(kw) or object())
+    Tracking("proj", "exp", default_backend=["wandb"], config={"a": 1})
+    assert seen["mode"] == "offline" and seen["project"] == "proj" and seen["name"] == "exp"
+    seen.clear()
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # credentials: wandb decides (online)
+    Tracking("proj", "exp", default_backend=["wandb"])
+    assert "mode" not in seen
+
+
 def test_unknown_backend_is_a_clear_error():
     with pytest.raises(ValueError, match=r"'mlflw' is not supported; choose from: console, file, tensorboard, wandb"):
         Tracking("proj", "exp", default_backend=["console", "mlflw"])

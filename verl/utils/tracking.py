@@ -10,7 +10,8 @@ Backends (``trainer.logger``):
   ``$VERL_FILE_LOGGER_PATH`` if set, else ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``
   (``VERL_FILE_LOGGER_ROOT`` defaults to the current directory).
 - ``tensorboard``: scalars under ``$TENSORBOARD_DIR`` if set, else ``tensorboard_log/<project>/<experiment>``.
-- ``wandb``: ``wandb.init(project, name, config)``; set ``WANDB_MODE=offline`` to run without a network.
+- ``wandb``: ``wandb.init(project, name, config)``; set ``WANDB_MODE=offline`` to run without a network
+  (without WANDB_MODE and without credentials it logs offline by itself instead of failing).
 Any other name fails at construction with the list of supported backends.
 """
 
@@ -108,13 +109,27 @@ class WandbLogger:
             raise ImportError("trainer.logger=wandb needs the wandb package: pip install wandb "
                               "(or drop 'wandb' from trainer.logger, e.g. trainer.logger=[console,file])") from None
         self.wandb = wandb
-        self.run = wandb.init(project=project_name, name=experiment_name, config=config)
+        kwargs = {}
+        if not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY") and not _wandb_logged_in():
+            # no credentials (e.g. an offline machine): log locally instead of failing at start-up
+            print("wandb: no API key found; logging offline under ./wandb (set WANDB_API_KEY or WANDB_MODE to change)")
+            kwargs["mode"] = "offline"
+        self.run = wandb.init(project=project_name, name=experiment_name, config=config, **kwargs)
 
     def log(self, data: dict, step: int) -> None:
         self.wandb.log({k: _to_python(v) for k, v in data.items()}, step=step)
 
     def finish(self) -> None:
         self.wandb.finish(exit_code=0)
+
+
+def _wandb_logged_in() -> bool:
+    netrc = os.path.expanduser("~/.netrc")
+    try:
+        with open(netrc) as f:
+            return "api.wandb.ai" in f.read()
+    except OSError:
+        return False
 
 
 class Tracking:
