@@ -72,3 +72,20 @@ def test_prefix_dispatch_for_aime_and_math_dapo():
     assert "aime*" in supported_data_sources()
     with pytest.raises(NotImplementedError, match="aime\\*"):
         default_compute_score("aim", "x", "y")
+
+
+def test_sequence_result_is_rejected_not_truncated():
+    @register_score_fn("test/tuple_scorer")
+    def _scorer(solution_str, ground_truth, extra_info=None):
+        return (1.0, {"acc": True})
+
+    with pytest.raises(TypeError, match=r"'test/tuple_scorer'.*return a float or a dict with 'score'"):
+        default_compute_score("test/tuple_scorer", "a", "a")
+
+
+def test_require_score_fn():
+    from verl.utils.reward_score import get_score_fn, require_score_fn
+
+    assert require_score_fn("openai/gsm8k") is get_score_fn("openai/gsm8k")
+    with pytest.raises(UnknownDataSourceError, match="custom_reward_function.path"):
+        require_score_fn("my_org/riddles")

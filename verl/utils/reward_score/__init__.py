@@ -18,8 +18,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-__all__ = ["default_compute_score", "register_score_fn", "get_score_fn", "supported_data_sources",
-           "UnknownDataSourceError"]
+__all__ = ["default_compute_score", "register_score_fn", "get_score_fn", "require_score_fn",
+           "supported_data_sources", "UnknownDataSourceError"]
 
 ScoreFn = Callable[..., Any]
 _SCORE_FNS: dict[str, ScoreFn] = {}
@@ -59,6 +59,22 @@ def get_score_fn(data_source: str) -> ScoreFn | None:
         if data_source.startswith(prefix):
             return _PREFIX_SCORE_FNS[prefix]
     return None
+
+
+def require_score_fn(data_source: str) -> ScoreFn:
+    """The built-in scorer for ``data_source``; raises ``UnknownDataSourceError`` (saying what would work)
+    if there is none."""
+    fn = get_score_fn(data_source)
+    if fn is None:
+        raise UnknownDataSourceError(
+            f"No built-in reward function for data_source={str(data_source)!r}. "
+            f"Supported data sources: {', '.join(supported_data_sources())}. "
+            "To score other data, write a Python file with "
+            "`def compute_score(data_source, solution_str, ground_truth, extra_info=None): ...` and pass "
+            "`custom_reward_function.path=/path/to/file.py` (and `custom_reward_function.name=<function>` if it "
+            "is not called compute_score). See docs/custom_reward.md."
+        )
+    return fn
 
 
 def supported_data_sources() -> list[str]:
@@ -129,13 +145,15 @@ def _accepted_kwargs(fn: ScoreFn, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
-def _as_score(result: Any) -> float | dict:
+def _as_score(result: Any, data_source: str) -> float | dict:
     if isinstance(result, dict):
         if "score" not in result:
-            raise ValueError(f"a scorer returned a dict without a 'score' key: {sorted(result)}")
+            raise ValueError(f"the scorer for data_source={str(data_source)!r} returned a dict without a "
+                             f"'score' key: {sorted(result)}")
         return {**result, "score": float(result["score"])}
-    if isinstance(result, (list, tuple)):
-        return float(result[0])
+    if isinstance(result, (list, tuple)):  # ambiguous: which element is the reward?
+        raise TypeError(f"the scorer for data_source={str(data_source)!r} returned a {type(result).__name__} "
+                        f"({result!r:.80}); return a float or a dict with 'score'")
     return float(result)
 
 
@@ -145,17 +163,9 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
     Raises ``UnknownDataSourceError`` (a ``NotImplementedError``) naming the data_source, the supported
     ones, and how to plug in your own function.
     """
-    fn = get_score_fn(data_source)
-    if fn is None:
-        raise UnknownDataSourceError(
-            f"No built-in reward function for data_source={str(data_source)!r}. "
-            f"Supported data sources: {', '.join(supported_data_sources())}. "
-            "To score other data, write a Python file with "
-            "`def compute_score(data_source, solution_str, ground_truth, extra_info=None): ...` and pass "
-            "`custom_reward_function.path=/path/to/file.py` (and `custom_reward_function.name=<function>` if it "
-            "is not called compute_score). See docs/custom_reward.md."
-        )
-    return _as_score(fn(solution_str, ground_truth, extra_info=extra_info, **_accepted_kwargs(fn, kwargs)))
+    fn = require_score_fn(data_source)
+    result = fn(solution_str, ground_truth, extra_info=extra_info, **_accepted_kwargs(fn, kwargs))
+    return _as_score(result, data_source)
 
 
 # Older verl releases and many recipes import the private name.

@@ -29,6 +29,7 @@ from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSa
 from verl.workers.reward_manager.registry import register
 
 _OK, _ERROR, _TIMEOUT = "ok", "error", "timeout"
+_MAX_PRINTED_FAILURES = 3  # per call; the rest are summarised in one line
 
 
 def _die_with_parent() -> None:
@@ -244,21 +245,39 @@ class PrimeRewardManager(AbstractRewardManager):
         state["_pool"] = None
         return state
 
+    def _check_data_sources(self, samples: list[RewardSample]) -> None:
+        """With the built-in scorer, an unknown data_source would raise in every worker and score 0 as an
+        "error": the run would train on all-zero reward. Fail here, on the driver, with the registry's
+        message (which says how to plug in a custom function)."""
+        from verl.utils.reward_score import default_compute_score, require_score_fn
+
+        if self.compute_score is not default_compute_score:
+            return
+        for data_source in dict.fromkeys(s.data_source for s in samples):
+            require_score_fn(data_source)  # raises UnknownDataSourceError
+
     def score_samples(self, samples: list[RewardSample]) -> list:
+        self._check_data_sources(samples)
         if self._pool is None:
             self._pool = ScoringPool(self.compute_score, self.num_processes, self.reward_kwargs, self.mp_start_method)
         outcomes = self._pool.run([s.score_kwargs() for s in samples], self.timeout)
         results, timeouts, errors = [], [], []
+        failures = 0
         for sample, (status, value) in zip(samples, outcomes):
             if status == _OK:
                 results.append(value)
             else:
                 results.append(0.0)
-                detail = f"after {self.timeout:g}s" if status == _TIMEOUT else value
-                print(f"[prime reward] sample {sample.index} ({sample.data_source}): scorer {status} {detail}; "
-                      "score set to 0")
+                failures += 1
+                if failures <= _MAX_PRINTED_FAILURES:
+                    detail = f"after {self.timeout:g}s" if status == _TIMEOUT else value
+                    print(f"[prime reward] sample {sample.index} ({sample.data_source}): scorer {status} "
+                          f"{detail}; score set to 0")
             timeouts.append(int(status == _TIMEOUT))
             errors.append(int(status == _ERROR))
+        if failures > _MAX_PRINTED_FAILURES:
+            print(f"[prime reward] ... and {failures - _MAX_PRINTED_FAILURES} more failed samples in this batch "
+                  f"({sum(timeouts)} timeouts, {sum(errors)} errors in total); all scored 0")
         self._flags = (timeouts, errors)
         self._last_counts = (sum(timeouts), sum(errors))
         self.timeout_count += self._last_counts[0]
