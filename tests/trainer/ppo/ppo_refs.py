@@ -64,18 +64,22 @@ def broadcast(per_seq, mask):
 
 
 def agg(loss, mask, mode):
-    """Reference loss aggregation over list-of-lists ``loss``."""
+    """Reference loss aggregation over list-of-lists ``loss``; seq-mean modes average over the sequences
+    with at least one valid token (0 if there are none), as verl does."""
     B, L = mask.shape
     seq_sums = [sum(loss[i][t] for t in range(L) if mask[i, t] > 0) for i in range(B)]
     counts = [sum(1 for t in range(L) if mask[i, t] > 0) for i in range(B)]
+    valid = [i for i in range(B) if counts[i] > 0]
     if mode == "token-mean":
-        return sum(seq_sums) / sum(counts)
+        return sum(seq_sums) / sum(counts) if valid else 0.0
+    if not valid:
+        return 0.0
     if mode == "seq-mean-token-sum":
-        return sum(seq_sums) / B
+        return sum(seq_sums[i] for i in valid) / len(valid)
     if mode == "seq-mean-token-mean":
-        return sum(s / c for s, c in zip(seq_sums, counts)) / B
+        return sum(seq_sums[i] / counts[i] for i in valid) / len(valid)
     if mode == "seq-mean-token-sum-norm":
-        return sum(seq_sums) / B / L
+        return sum(seq_sums[i] for i in valid) / len(valid) / L
     raise KeyError(mode)
 
 

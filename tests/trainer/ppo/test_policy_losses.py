@@ -51,6 +51,19 @@ def test_agg_loss_modes_differ_and_ignore_padding():
         assert ca.agg_loss(garbage, mask, m).item() == pytest.approx(values[m], abs=1e-12)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_agg_loss_ignores_fully_masked_rows(mode):
+    _, _, loss, mask = make_pg(seed=3)
+    mask[2] = 0  # e.g. a padding row added to balance data-parallel ranks
+    loss_nan = loss.clone()
+    loss_nan[2] = float("nan")
+    expected = agg(tolist(loss), mask, mode)
+    assert close(ca.agg_loss(loss_nan, mask, mode), expected)
+    keep = [i for i in range(mask.shape[0]) if i != 2]
+    assert close(ca.agg_loss(loss[keep], mask[keep], mode), expected)  # same as dropping the row
+    assert ca.agg_loss(loss, torch.zeros_like(mask), mode).item() == 0.0
+
+
 def test_agg_loss_sum_norm_uses_horizon_and_scale_factor():
     loss = torch.ones(2, 10, dtype=torch.float64)
     mask = torch.zeros(2, 10)

@@ -49,20 +49,25 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (original GRPO).
     - ``seq-mean-token-sum-norm``: mean over sequences of token sums divided by a constant, the response
       horizon ``L = loss_mask.shape[-1]`` (or ``loss_scale_factor``), so no length bias (Dr.GRPO, Liu et al.
-      2025). Note: equals sum / (B * L); some verl versions use sum / L.
+      2025). Note: equals sum / (B' * L); some verl versions use sum / L.
+
+    The ``seq-mean-*`` modes average over the B' sequences with at least one valid token, as verl does:
+    fully masked rows (e.g. padding added to balance data-parallel ranks) do not dilute the loss. With no
+    valid sequence at all the loss is 0.
     """
     mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
         return verl_F.masked_mean(loss_mat, mask)
     seq_sums = verl_F.masked_sum(loss_mat, mask, axis=-1)
+    seq_lens = mask.sum(dim=-1)
+    num_seqs = (seq_lens > 0).sum().clamp(min=1)  # empty rows have seq_sums == 0, so summing them is harmless
     if loss_agg_mode == "seq-mean-token-sum":
-        return seq_sums.mean()
+        return seq_sums.sum() / num_seqs
     if loss_agg_mode == "seq-mean-token-mean":
-        seq_means = seq_sums / mask.sum(dim=-1).clamp(min=1)  # empty rows count as 0
-        return seq_means.mean()
+        return (seq_sums / seq_lens.clamp(min=1)).sum() / num_seqs
     if loss_agg_mode == "seq-mean-token-sum-norm":
         horizon = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-        return seq_sums.mean() / horizon
+        return seq_sums.sum() / num_seqs / horizon
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r} (actor.loss_agg_mode); choose one of {list(LOSS_AGG_MODES)}")
 
 
@@ -348,7 +353,8 @@ def compute_policy_loss_cispo(
 
         L_t = -sg[clip(r_t, 1 - eps_low, 1 + eps_high)] * A_t * log pi(y_t)
 
-    Unlike PPO no token is dropped from the gradient; only its weight is bounded. ``pg_clipfrac`` /
+    Unlike PPO no token is dropped from the gradient; only its weight is bounded. The paper has no lower
+    bound on the IS weight (only 1 + eps_high); set ``clip_ratio_low >= 1`` to reproduce it. ``pg_clipfrac`` /
     ``pg_clipfrac_lower``: fraction of tokens whose ratio is above 1 + eps_high / below 1 - eps_low.
     """
     eps_low, eps_high = _clip_ranges(config)
