@@ -137,6 +137,21 @@ def test_grpo_properties():
     assert torch.all(a == 0)
 
 
+@pytest.mark.parametrize("layout", GROUP_LAYOUTS)
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+def test_dr_grpo_differs_from_grpo_only_by_std_scaling(layout, eps):
+    """Dr.GRPO (norm_adv_by_std_in_grpo=False) keeps the group-mean baseline and drops only the division by
+    the group's std: per group, adv_grpo == adv_dr / (std + eps) (std := 1 for a singleton group)."""
+    rewards, mask, uids, _ = make_batch(layout, seed=sum(layout), sparse_reward=False)
+    adv, _ = ca.compute_grpo_outcome_advantage(rewards, mask, uids, epsilon=eps, norm_adv_by_std_in_grpo=True)
+    adv_dr, _ = ca.compute_grpo_outcome_advantage(rewards, mask, uids, epsilon=eps, norm_adv_by_std_in_grpo=False)
+    scores = torch.tensor(seq_scores(rewards), dtype=torch.float64)
+    for members in groups(uids).values():
+        std = scores[members].std().item() if len(members) > 1 else 1.0
+        torch.testing.assert_close(adv[members], adv_dr[members] / (std + eps), rtol=1e-9, atol=1e-12)
+    assert not torch.equal(adv, adv_dr)  # the scaling is not a no-op on this data
+
+
 def test_grpo_accepts_tensor_and_int_uids():
     rewards, mask, uids, _ = make_batch([2, 3], seed=2)
     ids = {u: k for k, u in enumerate(sorted(set(uids)))}
