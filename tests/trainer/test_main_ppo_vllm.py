@@ -121,5 +121,7 @@ def test_skip_weight_sync_is_caught_by_probs_diff(assets, tmp_path):
     diffs = [metrics[s]["training/rollout_probs_diff_max"] for s in range(1, STEPS + 1)]
     assert all(metrics[s]["timing_s/update_weights"] == 0.0 for s in metrics)  # nothing was pushed
     assert diffs[0] <= 1e-3, diffs
-    # the first optimizer step that changes the weights (step 1's, or step 2's if the first lr is 0) shows up
-    assert diffs[-1] > 1e-2, diffs
+    # every step after the first optimizer step is outside the synced bound (seen: 4.7e-3, 1.6e-2), and the
+    # staleness grows as the actor keeps moving
+    assert all(d > 1e-3 for d in diffs[1:]), diffs
+    assert diffs[-1] > 5e-3, diffs
