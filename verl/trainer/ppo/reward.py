@@ -180,7 +180,9 @@ def compute_reward(data, reward_fn: Callable) -> tuple[Any, dict[str, list]]:
     return result, {}
 
 
-@ray.remote(num_cpus=1)
+# num_cpus=0: the worker pools reserve (nearly) every CPU on a small machine, and a task asking for one
+# would never be scheduled; scoring is light, or runs in its own processes (prime).
+@ray.remote(num_cpus=0)
 def compute_reward_async(data, config=None, tokenizer=None, reward_fn=None):
     """Ray task version of :func:`compute_reward` (``reward_model.launch_reward_fn_async=True``): overlaps
     scoring with the log-prob computation. Builds the manager from ``config`` when ``reward_fn`` is None."""
