@@ -10,15 +10,13 @@ import threading
 import time
 
 import pytest
+import ray  # a hard requirement: a broken install must fail here, not skip
+import sc_test_workers
 import torch
+from sc_test_workers import ActorRole, CriticRole, EchoWorker
 
-ray = pytest.importorskip("ray")
-
-import sc_test_workers  # noqa: E402
-from sc_test_workers import ActorRole, CriticRole, EchoWorker  # noqa: E402
-
-from verl.protocol import DataProto, DataProtoFuture  # noqa: E402
-from verl.single_controller.ray import (  # noqa: E402
+from verl.protocol import DataProto, DataProtoFuture
+from verl.single_controller.ray import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
@@ -56,6 +54,50 @@ def test_init_local_ray_is_loopback_and_unauthenticated(local_ray):
     assert os.environ["RAY_AUTH_MODE"] == "disabled"
     assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1"]
     assert ray.cluster_resources()["CPU"] == 2
+
+
+@pytest.mark.parametrize("address,env,joins", [
+    (None, {}, False),
+    ("local", {}, False),
+    (None, {"RAY_ADDRESS": ""}, False),
+    (None, {"RAY_ADDRESS": "local"}, False),
+    ("local", {"RAY_ADDRESS": "10.0.0.1:6379"}, False),  # an explicit "local" wins over the env
+    ("auto", {}, True),
+    ("10.0.0.1:6379", {}, True),
+    ("ray://head:10001", {}, True),
+    (None, {"RAY_ADDRESS": "10.0.0.1:6379"}, True),
+])
+def test_joins_existing_cluster(address, env, joins):
+    from verl.utils.ray_utils import joins_existing_cluster
+
+    assert joins_existing_cluster(address, env) is joins
+
+
+def test_init_local_ray_leaves_a_cluster_join_alone(monkeypatch):
+    """No Ray started: ``ray.init`` is replaced by a recorder."""
+    from verl.utils import ray_utils
+
+    calls = []
+    monkeypatch.setattr(ray_utils.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_utils.ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray_utils, "_force_loopback", lambda: calls.append("loopback"))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    ray_utils.init_local_ray(address="10.0.0.1:6379")
+    assert calls == [{"num_cpus": None, "address": "10.0.0.1:6379", "ignore_reinit_error": True}]
+    assert "RAY_AUTH_MODE" not in os.environ
+
+    calls.clear()
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    ray_utils.init_local_ray()
+    assert calls == [{"num_cpus": None, "ignore_reinit_error": True}]
+
+    calls.clear()
+    monkeypatch.delenv("RAY_ADDRESS")
+    ray_utils.init_local_ray(num_cpus=2)
+    assert calls[0] == "loopback" and calls[1]["_node_ip_address"] == "127.0.0.1"
+    assert calls[1]["include_dashboard"] is False and os.environ["RAY_AUTH_MODE"] == "disabled"
 
 
 def batch(n: int, **kw) -> DataProto:

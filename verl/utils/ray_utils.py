@@ -2,14 +2,15 @@
 
 ``init_local_ray`` starts a private Ray instance that listens on the loopback interface only, with
 the dashboard, token auth and usage stats off: the setting every test, example and laptop run wants.
-Multi-node users call ``ray.init(address=...)`` themselves; these helpers do not touch that path.
+Given ``address=`` (or with ``RAY_ADDRESS`` set) it joins that cluster instead and leaves every
+networking and auth setting to Ray and the cluster.
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Mapping
 
 import ray
 
@@ -18,6 +19,15 @@ _LOCAL_ENV_DEFAULTS = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
+
+
+def joins_existing_cluster(address: str | None = None, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ray.init(address=address)`` would connect to a running cluster rather than start a new
+    local instance: an explicit address other than ``"local"``, or no address and ``RAY_ADDRESS`` set
+    (Ray reads it then)."""
+    if address is None:
+        address = (os.environ if environ is None else environ).get("RAY_ADDRESS") or None
+    return address is not None and address != "local"
 
 
 def init_local_ray(num_cpus: int | None = None, **kwargs: Any):
@@ -30,16 +40,22 @@ def init_local_ray(num_cpus: int | None = None, **kwargs: Any):
 
     The environment defaults (``RAY_AUTH_MODE=disabled``, no usage stats) are only set when the
     caller has not set them, so an explicit choice in the shell wins.
+
+    With ``address=...`` (other than ``"local"``) or ``RAY_ADDRESS`` set, none of these local defaults is
+    applied: Ray joins the existing cluster with its own settings (pass ``num_cpus=None`` then; a
+    running cluster's resources are fixed).
     """
-    for key, value in _LOCAL_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
     if ray.is_initialized():
         return None
+    kwargs.setdefault("ignore_reinit_error", True)
+    if joins_existing_cluster(kwargs.get("address")):
+        return ray.init(num_cpus=num_cpus, **kwargs)
+    for key, value in _LOCAL_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("_node_ip_address", "127.0.0.1")
     if kwargs["_node_ip_address"] in ("127.0.0.1", "localhost"):
         _force_loopback()
-    kwargs.setdefault("ignore_reinit_error", True)
     return ray.init(num_cpus=num_cpus, **kwargs)
 
 
