@@ -741,14 +741,41 @@ class DataProtoFuture:
                                 dispatch_fn=_ChunkSelector(i, chunks, self.dispatch_fn)) for i in range(chunks)]
 
     def get(self):
+        """Fetch, collect and (for a chunk) select. A worker that raised or died surfaces as a
+        ``WorkerError`` naming its rank, with the Ray error as ``cause``; with several failures, the
+        lowest rank among those already finished (healthy ranks still running are not waited for: they
+        may be blocked in a collective with the dead one)."""
         import ray
 
-        outputs = ray.get(self.futures)
+        try:
+            outputs = ray.get(self.futures)
+        except ray.exceptions.RayError as err:
+            raise self._worker_error(err) from err
         for i, out in enumerate(outputs):
             if not isinstance(out, DataProto):
                 raise TypeError(f"DataProtoFuture: worker {i} returned {type(out).__name__}, expected DataProto")
         result = self.collect_fn(outputs)
         return self.dispatch_fn(result) if self.dispatch_fn is not None else result
+
+    def _worker_error(self, err: BaseException) -> BaseException:
+        """The failure of the first rank, in rank order, among the results already available."""
+        import ray
+
+        from verl.single_controller.ray.base import WorkerError  # lazy: protocol stays free of the controller
+
+        ready, _ = ray.wait(self.futures, num_returns=len(self.futures), timeout=0)
+        ready = set(ready)
+        for rank, ref in enumerate(self.futures):
+            if ref not in ready:
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as cause:
+                what = "died" if isinstance(cause, ray.exceptions.ActorDiedError) else "raised"
+                msg = (f"DataProtoFuture: rank {rank} of {len(self.futures)} {what} while computing its result. "
+                       f"Worker traceback / Ray error:\n{type(cause).__name__}: {cause}")
+                return WorkerError(msg, rank=rank, cause=cause)
+        return err
 
 
 @dataclass

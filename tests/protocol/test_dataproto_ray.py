@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+import ray  # a hard requirement: a broken install must fail here, not skip
 import torch
 
 from verl.protocol import DataProto, DataProtoFuture
-
-ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +40,33 @@ def test_put_get_round_trip_and_future(local_ray):
     second = future.chunk(4)[1].get()  # lazily selects rows 2..3 of the collected result
     assert second.batch["score"].tolist() == [4.0, 6.0]
     assert np.array_equal(second.non_tensor_batch["label"], np.array(["s2", "s3"], dtype=object))
+
+
+@pytest.mark.e2e
+def test_future_failure_names_the_failed_rank(local_ray):
+    import time
+
+    from verl.single_controller.ray import WorkerError
+
+    def work(data: DataProto, fail: bool, sleep_s: float = 0.0) -> DataProto:
+        time.sleep(sleep_s)
+        if fail:
+            raise ValueError(f"deliberate failure on {len(data)} rows")
+        return data
+
+    remote = ray.remote(num_cpus=0)(work)
+    chunks = DataProto.from_dict({"x": torch.arange(6.0)}).chunk(3)
+    refs = [remote.remote(chunks[0], False), remote.remote(chunks[1], True), remote.remote(chunks[2], False)]
+    with pytest.raises(WorkerError) as info:
+        DataProtoFuture.concat(refs).get()
+    assert info.value.rank == 1 and "rank 1 of 3 raised" in str(info.value)
+    assert "deliberate failure on 2 rows" in str(info.value)
+    assert isinstance(info.value.cause, ray.exceptions.RayTaskError)
+
+    # a slow healthy rank 0 is not waited for once rank 1 has failed
+    refs = [remote.remote(chunks[0], False, 60.0), remote.remote(chunks[1], True)]
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        DataProtoFuture.concat(refs).chunk(2)[0].get()
+    assert info.value.rank == 1 and time.monotonic() - start < 30
+    ray.cancel(refs[0], force=True)
