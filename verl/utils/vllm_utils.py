@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import weakref
 
@@ -94,11 +93,6 @@ def prepare_vllm_env(*, on_cpu: bool, num_threads: int | None = None, kv_cache_b
             vllm_envs.disable_envs_cache()
     except Exception:  # vllm not importable yet / older API: nothing cached
         pass
-
-
-def kv_cache_gib_for_env(kv_cache_bytes: int) -> int:
-    """The integer GiB value ``VLLM_CPU_KVCACHE_SPACE`` would need for ``kv_cache_bytes`` (rounded up)."""
-    return max(1, math.ceil(kv_cache_bytes / GiB))
 
 
 @contextlib.contextmanager

@@ -135,6 +135,28 @@ def test_factory_and_engine_kwargs():
     assert prompt_token_id_lists(ids, mask) == [[5, 6], [7, 8, 9, 10]]
 
 
+def test_engine_stream_casts_and_adds_tied_lm_head():
+    """The push stream: wrapper prefixes stripped, rotary buffers dropped, cast to the engine dtype, and the tied
+    output layer sent under ``lm_head.weight`` when the stream lacks it."""
+    from verl.workers.rollout.vllm_rollout import vLLMRollout
+
+    rollout = object.__new__(vLLMRollout)  # no engine needed for the stream itself
+    rollout.engine_dtype, rollout.tie_word_embeddings = torch.bfloat16, True
+    embed = torch.randn(4, 2)
+    stream = [("_fsdp_wrapped_module.model.embed_tokens.weight", embed),
+              ("model.layers.0.self_attn.rotary_emb.inv_freq", torch.ones(2)),
+              ("model.norm.weight", torch.ones(2))]
+    out = dict(rollout._engine_stream(iter(stream)))
+    assert list(out) == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    assert all(t.dtype == torch.bfloat16 for t in out.values())
+    assert torch.equal(out["lm_head.weight"], embed.to(torch.bfloat16))
+    assert rollout.last_update_stats["num_tensors"] == 2
+    with_head = dict(rollout._engine_stream(iter(stream[:1] + [("lm_head.weight", 2 * embed)])))
+    assert torch.equal(with_head["lm_head.weight"], (2 * embed).to(torch.bfloat16))  # not overwritten
+    rollout.tie_word_embeddings = False
+    assert "lm_head.weight" not in dict(rollout._engine_stream(iter(stream[:1])))
+
+
 def test_cpu_kv_cache_bytes(monkeypatch):
     from verl.utils.vllm_utils import GiB, cpu_kv_cache_bytes
 

@@ -39,14 +39,13 @@ __all__ = ["vLLMRollout", "build_engine_kwargs", "prompt_token_id_lists"]
 
 logger = logging.getLogger(__name__)
 
-_WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+# name segments that wrappers (DDP/FSDP1, torch.compile, activation checkpointing) insert into HF names
+_WRAPPER_SEGMENTS = frozenset({"module", "_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _plain_name(name: str) -> str:
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
 def _to_dict(node: Any) -> dict:
@@ -155,6 +154,7 @@ class vLLMRollout(BaseRollout):
 
         prepare_vllm_env(on_cpu=self.on_cpu, num_threads=cfg_get(config, "num_threads", None),
                          kv_cache_bytes=kv_bytes)
+        self.engine_dtype = resolve_torch_dtype(cfg_get(config, "dtype", "bfloat16"))
         self.engine_kwargs = build_engine_kwargs(config, self.model_path, on_cpu=self.on_cpu,
                                                  trust_remote_code=trust_remote_code, kv_cache_bytes=kv_bytes,
                                                  actor_will_push=actor_will_push)
@@ -186,6 +186,7 @@ class vLLMRollout(BaseRollout):
     def _engine_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named tensors as vLLM's loader wants them, counted as they pass (one tensor held at a time).
 
+        Floating-point tensors are cast to the engine's dtype here (vLLM would cast too, with a warning per tensor).
         Tied embeddings: vLLM keeps a separate output layer that is only refreshed when ``lm_head.weight``
         arrives, so when the stream lacks it the input embedding is sent a second time under that name.
         """
@@ -197,6 +198,8 @@ class vLLMRollout(BaseRollout):
             if name.endswith("rotary_emb.inv_freq"):
                 continue
             tensor = tensor.detach()
+            if tensor.is_floating_point() and tensor.dtype != self.engine_dtype:
+                tensor = tensor.to(self.engine_dtype)  # e.g. fp32 master weights -> bf16 engine, one at a time
             if name == "lm_head.weight":
                 seen_lm_head = True
             elif name == "model.embed_tokens.weight" and self.tie_word_embeddings:
