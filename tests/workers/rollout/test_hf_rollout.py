@@ -172,3 +172,11 @@ def test_sampling_helpers():
     assert sampling_params_for(cfg, {})["n"] == 4
     assert sampling_params_for(cfg, {"validate": True}) == dict(n=1, temperature=0.0, top_p=1.0, top_k=-1,
                                                                 do_sample=False)
+
+
+def test_strip_wrapper_prefixes_works_on_whole_segments():
+    from verl.workers.rollout.hf_rollout import _strip_wrapper_prefixes
+
+    assert _strip_wrapper_prefixes("_fsdp_wrapped_module.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert _strip_wrapper_prefixes("module._orig_mod.lm_head.weight") == "lm_head.weight"
+    assert _strip_wrapper_prefixes("model.my_module.weight") == "model.my_module.weight"

@@ -35,13 +35,15 @@ __all__ = ["HFRollout"]
 logger = logging.getLogger(__name__)
 
 # prefixes that wrappers (DDP/FSDP1, torch.compile, checkpoint wrappers) put in front of HF names
-_WRAPPER_PREFIXES = ("module.", "_fsdp_wrapped_module.", "_orig_mod.", "_checkpoint_wrapped_module.")
+_WRAPPER_SEGMENTS = frozenset({"module", "_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
 
 
 def _strip_wrapper_prefixes(name: str) -> str:
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+    """Drop whole wrapper segments (DDP/FSDP/compile/checkpoint) from a dotted parameter name.
+
+    Works on segments, not substrings: ``_fsdp_wrapped_module.x`` -> ``x``, ``my_module.w`` stays.
+    """
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
 class HFRollout(BaseRollout):
