@@ -7,4 +7,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
-exec .venv/bin/python -m pytest tests -q "$@"
+exec .venv/bin/python -m pytest tests -q --durations=25 "$@"
