@@ -12,16 +12,11 @@ Rows: data_source ``openai/gsm8k``, the question plus verl's instruction, ground
 
 from __future__ import annotations
 
-import argparse
-import os
-
 from verl.utils.dataset.preprocess_utils import (
+    convert_local_files_cli,
     GSM8K_INSTRUCTION,
-    find_split_files,
     gsm8k_final_answer,
-    read_records,
     require_fields,
-    write_parquet,
 )
 
 DATA_SOURCE = "openai/gsm8k"
@@ -47,20 +42,7 @@ def to_rows(records: list[dict], split: str, path: str) -> list[dict]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--local_dataset_path", help="directory holding *train* / *test* files")
-    src.add_argument("--input_file", help="one .jsonl/.json/.parquet file")
-    parser.add_argument("--split", default="train", help="split name for --input_file (train or test)")
-    parser.add_argument("--local_dir", default="~/data/gsm8k")
-    args = parser.parse_args(argv)
-    sources = {args.split: args.input_file} if args.input_file else find_split_files(args.local_dataset_path)
-    written = []
-    for split, path in sources.items():
-        rows = to_rows(read_records(path), split, path)
-        written.append(write_parquet(rows, os.path.join(os.path.expanduser(args.local_dir), f"{split}.parquet")))
-        print(f"wrote {written[-1]} ({len(rows)} rows from {path})")
-    return written
+    return convert_local_files_cli(__doc__, to_rows, "~/data/gsm8k", argv)
 
 
 if __name__ == "__main__":

@@ -113,3 +113,27 @@ def write_parquet(rows: list[dict], path: str) -> str:
     pq.write_table(pa.Table.from_pylist(rows), tmp)
     os.replace(tmp, path)
     return path
+
+
+def convert_local_files_cli(description: str, to_rows, default_local_dir: str, argv=None) -> list[str]:
+    """The command line shared by the preprocess scripts that convert a file the user already has.
+
+    ``--input_file`` (one file, with ``--split``) or ``--local_dataset_path`` (a folder of *train*/*test* files);
+    ``to_rows(records, split, path)`` turns raw records into verl-schema rows, written to ``<local_dir>/<split>.parquet``.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--local_dataset_path", help="directory holding *train* / *test* files")
+    src.add_argument("--input_file", help="one .jsonl/.json/.parquet file")
+    parser.add_argument("--split", default="train", help="split name for --input_file (train or test)")
+    parser.add_argument("--local_dir", default=default_local_dir)
+    args = parser.parse_args(argv)
+    sources = {args.split: args.input_file} if args.input_file else find_split_files(args.local_dataset_path)
+    written = []
+    for split, path in sources.items():
+        rows = to_rows(read_records(path), split, path)
+        written.append(write_parquet(rows, os.path.join(os.path.expanduser(args.local_dir), f"{split}.parquet")))
+        print(f"wrote {written[-1]} ({len(rows)} rows from {path})")
+    return written
