@@ -143,3 +143,18 @@ def test_base_package_does_not_import_ray():
     code = "import sys, verl.single_controller.base, verl.single_controller.base.decorator; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("share,cores,procs,expected", [
+    (1.998, 2, 1, 2),   # a lone worker on 2 cores: the 0.999 fit-trim must not cost a thread
+    (0.999, 2, 2, 1),   # two workers on 2 cores: one each
+    (4.0, 2, 1, 2),     # never more threads than real cores
+    (0.25, 8, 4, 1),    # a fractional share still gets one thread
+    (3.996, 8, 2, 4),   # 4 CPUs less the fit-trim
+    (2.5, 8, 2, 2),
+])
+def test_thread_share_counts_whole_cpus(share, cores, procs, expected):
+    from verl.single_controller.ray.resource import RayResourcePool
+
+    pool = RayResourcePool([procs], use_gpu=False, num_cpus_per_process=share)
+    assert pool.thread_share(cores, procs) == expected
