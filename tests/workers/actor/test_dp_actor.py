@@ -37,8 +37,11 @@ def hf_reference(model, b, temperature=TEMP):
     return out_lp, out_ent
 
 
-@pytest.mark.parametrize("remove_padding,dynamic", [(False, False), (True, False), (True, True), (False, True)])
-def test_compute_log_prob_matches_hf(remove_padding, dynamic):
+@pytest.mark.parametrize("remove_padding,dynamic,mode", [(False, False, ""), (True, False, "pack"), (True, True, "pack"),
+                                                          (True, False, "trim"), (True, True, "trim"),
+                                                          (False, True, "")])
+def test_compute_log_prob_matches_hf(remove_padding, dynamic, mode, monkeypatch):
+    monkeypatch.setenv("VERL_REMOVE_PADDING_MODE", mode)
     torch.set_num_threads(2)
     model = tiny_model(seed=1)
     b = make_batch(6, 7, 5, seed=3)
@@ -52,6 +55,71 @@ def test_compute_log_prob_matches_hf(remove_padding, dynamic):
     assert (lp - ref_lp)[mask].abs().max() <= 1e-5
     assert (ent - ref_ent)[mask].abs().max() <= 1e-5
     assert ent[mask].min() > 0
+
+
+@pytest.mark.parametrize("mode", ["pack", "trim", "padded"])
+def test_remove_padding_modes_agree_when_edge_columns_are_padding(mode, monkeypatch):
+    """Leading prompt columns and trailing response columns that are padding in every row: "trim" drops them and
+    must still return log-probs/entropies equal to HF on every valid token, zeros elsewhere, and the same
+    update as the padded path."""
+    torch.set_num_threads(2)
+    b = make_batch(5, 8, 6, seed=4)
+    b["attention_mask"][:, :3] = 0  # every prompt is at most 5 tokens
+    b["attention_mask"][:, -2:] = 0  # every response is at most 4 tokens
+    b["response_mask"] = b["attention_mask"][:, -6:].clone()
+    b["input_ids"] = b["input_ids"] * b["attention_mask"]
+    b["position_ids"] = torch.clip(torch.cumsum(b["attention_mask"], dim=-1) - 1, min=0)
+    mask = b["response_mask"].bool()
+    ref_lp, ref_ent = hf_reference(tiny_model(seed=1), b)
+    monkeypatch.setenv("VERL_REMOVE_PADDING_MODE", "" if mode == "padded" else mode)
+    cfg = actor_config(use_remove_padding=mode != "padded", log_prob_micro_batch_size_per_gpu=5,
+                       ppo_mini_batch_size=5, ppo_micro_batch_size_per_gpu=5)
+    model = tiny_model(seed=1)
+    # plain SGD so that weights compare as gradients (Adam turns round-off on ~0 gradients into +-lr steps)
+    actor = DataParallelPPOActor(cfg, model, torch.optim.SGD(model.parameters(), lr=1e-2))
+    data = DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": TEMP})
+    lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
+    assert (lp - ref_lp)[mask].abs().max() <= 1e-5 and (ent - ref_ent)[mask].abs().max() <= 1e-5
+    if mode == "trim":
+        assert torch.all(lp[:, -2:] == 0) and torch.all(ent[:, -2:] == 0)
+    metrics = actor.update_policy(data)
+    if mode != "padded":  # the same update as the padded path
+        ref = tiny_model(seed=1)
+        ref_actor = DataParallelPPOActor(actor_config(log_prob_micro_batch_size_per_gpu=5, ppo_mini_batch_size=5,
+                                                      ppo_micro_batch_size_per_gpu=5), ref,
+                                         torch.optim.SGD(ref.parameters(), lr=1e-2))
+        ref_metrics = ref_actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": TEMP}))
+        assert abs(ref_metrics["actor/pg_loss"][0] - metrics["actor/pg_loss"][0]) < 1e-6
+        assert abs(ref_metrics["actor/grad_norm"][0] - metrics["actor/grad_norm"][0]) < 1e-5
+        for k, v in ref.state_dict().items():  # SGD: weight change = lr * gradient
+            assert torch.allclose(model.state_dict()[k], v, atol=1e-7, rtol=0), k
+
+
+def test_remove_padding_mode_choice(monkeypatch):
+    from verl.utils.padding import remove_padding_mode, response_window, valid_column_span
+
+    monkeypatch.delenv("VERL_REMOVE_PADDING_MODE", raising=False)
+    assert remove_padding_mode(tiny_model(attn="sdpa")) == "trim"
+    assert remove_padding_mode(tiny_model(attn="eager")) == "trim"
+
+    class Flash(torch.nn.Module):
+        class config:  # noqa: N801
+            _attn_implementation = "flash_attention_2"
+
+    assert remove_padding_mode(Flash()) == "pack"
+    monkeypatch.setenv("VERL_REMOVE_PADDING_MODE", "pack")
+    assert remove_padding_mode(tiny_model()) == "pack"
+    monkeypatch.setenv("VERL_REMOVE_PADDING_MODE", "squash")
+    with pytest.raises(ValueError, match="VERL_REMOVE_PADDING_MODE='squash'.*pack, trim"):
+        remove_padding_mode(tiny_model())
+    m = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0]])
+    assert valid_column_span(m) == (1, 5)
+    assert valid_column_span(torch.zeros(2, 4)) == (0, 0)
+    # T=6, R=3: positions 2..4 score response columns 3..5
+    assert response_window(6, 3, 0, 6) == (2, 5)
+    assert response_window(6, 3, 1, 5) == (2, 4)  # column 5 is padding everywhere: position 4 is not needed
+    assert response_window(6, 3, 0, 4) == (2, 3)
+    assert response_window(6, 3, 0, 0) == (2, 2)  # nothing valid: an empty window
 
 
 def _plain_update(batch, cfg, steps_data):

@@ -42,8 +42,9 @@ def _critic(path, seed_head=True):
     return model
 
 
-@pytest.mark.parametrize("rmpad", [False, True])
-def test_compute_values_matches_plain_forward(critic_dir, rmpad):
+@pytest.mark.parametrize("rmpad,mode", [(False, ""), (True, "pack"), (True, "trim")])
+def test_compute_values_matches_plain_forward(critic_dir, rmpad, mode, monkeypatch):
+    monkeypatch.setenv("VERL_REMOVE_PADDING_MODE", mode)
     model = _critic(critic_dir)
     b = make_batch(5, 6, 4, seed=1)
     critic = DataParallelPPOCritic(critic_config(model={"use_remove_padding": rmpad}), model)

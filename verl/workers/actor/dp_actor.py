@@ -6,8 +6,10 @@ Features and how to turn them on (keys of ``actor_rollout_ref.actor``; ``ref`` r
   ``data.meta_info["micro_batch_size"]`` (scoring);
 - dynamic batch size: ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``
   (or ``meta_info["max_token_len"]``): micro-batches packed by token budget, same count on every rank;
-- remove padding: ``use_remove_padding`` (falls back to the model config's ``use_remove_padding``): valid
-  tokens of a micro-batch are packed into one row, attention kept per sequence via packed ``position_ids``;
+- remove padding: ``use_remove_padding`` (falls back to the model config's ``use_remove_padding``): with a
+  flash-attention model the valid tokens of a micro-batch are packed into one row (attention kept per sequence
+  via packed ``position_ids``); under sdpa/eager (CPU) the all-padding columns are trimmed instead, because a
+  packed row there costs O(total_tokens^2) attention (``verl.utils.padding.remove_padding_mode``);
 - policy loss: ``policy_loss.loss_mode`` from the core_algos registry, aggregated by ``loss_agg_mode``;
 - entropy bonus ``entropy_coeff``; KL loss to the reference policy ``use_kl_loss``, ``kl_loss_coef``,
   ``kl_loss_type`` (needs ``ref_log_prob`` in the batch);
@@ -36,7 +38,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import cfg_get, clip_grad_norm_
-from verl.utils.padding import pack_batch, unpack_to_padded
+from verl.utils.padding import pack_batch, remove_padding_mode, response_window, unpack_to_padded, valid_column_span
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.base import BasePPOActor
@@ -72,7 +74,8 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
     response_length = micro_batch["responses"].shape[-1]
     batch, seqlen = input_ids.shape
     entropy = None
-    if use_remove_padding:
+    mode = remove_padding_mode(module) if use_remove_padding else "padded"
+    if mode == "pack":
         ids, pos, indices, _ = pack_batch(input_ids, attention_mask, position_ids)
         logits = module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False).logits[0]
         logits = logits / temperature
@@ -83,11 +86,24 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
             ent = entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
             entropy = unpack_to_padded(ent, indices, batch, seqlen)[:, -response_length - 1 : -1]
     else:
-        output = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        logits = output.logits[:, -response_length - 1 : -1, :] / temperature
-        log_probs = logprobs_from_logits(logits, micro_batch["responses"])
+        # "trim": compute only the columns that hold a valid token in some row; "padded": every column
+        lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
+        s, e = response_window(seqlen, response_length, lo, hi)
+        output = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
+                        position_ids=position_ids[..., lo:hi], use_cache=False)
+        logits = output.logits[:, s - lo : e - lo, :] / temperature
+        first = s - (seqlen - response_length - 1)  # response column of position s
+        part = logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1])
+        if (e - s) == response_length:
+            log_probs = part
+        else:  # positions outside the computed columns are padding: 0 there
+            log_probs = part.new_zeros(batch, response_length)
+            log_probs[:, first : first + (e - s)] = part
         if calculate_entropy:
-            entropy = entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+            ent = entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+            entropy = ent if (e - s) == response_length else ent.new_zeros(batch, response_length)
+            if (e - s) != response_length:
+                entropy[:, first : first + (e - s)] = ent
     return entropy, log_probs.float()
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import cfg_get, clip_grad_norm_
-from verl.utils.padding import pack_batch, unpack_to_padded
+from verl.utils.padding import pack_batch, remove_padding_mode, response_window, unpack_to_padded, valid_column_span
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import _item, default_dp_group, dp_world_size
@@ -45,14 +45,24 @@ def forward_values(module: nn.Module, micro_batch, use_remove_padding: bool = Fa
     attention_mask = micro_batch["attention_mask"]
     response_length = micro_batch["responses"].shape[-1]
     batch, seqlen = input_ids.shape
-    if use_remove_padding:
+    mode = remove_padding_mode(module) if use_remove_padding else "padded"
+    if mode == "pack":
         ids, pos, indices, _ = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
         values = _token_values(module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False))
         values = unpack_to_padded(values[0], indices, batch, seqlen)
-    else:
-        values = _token_values(module(input_ids=input_ids, attention_mask=attention_mask,
-                                      position_ids=micro_batch["position_ids"], use_cache=False))
-    return values[:, -response_length - 1 : -1].float()
+        return values[:, -response_length - 1 : -1].float()
+    # "trim": compute only the columns that hold a valid token in some row (see verl.utils.padding)
+    lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
+    s, e = response_window(seqlen, response_length, lo, hi)
+    values = _token_values(module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
+                                  position_ids=micro_batch["position_ids"][..., lo:hi], use_cache=False))
+    part = values[:, s - lo : e - lo].float()
+    if (e - s) == response_length:
+        return part
+    out = part.new_zeros(batch, response_length)
+    first = s - (seqlen - response_length - 1)
+    out[:, first : first + (e - s)] = part
+    return out
 
 
 class DataParallelPPOCritic(BasePPOCritic):
