@@ -205,8 +205,8 @@ def main(argv=None) -> None:
         f"actor_rollout_ref.actor.ppo_mini_batch_size={grpo['batch']}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={grpo['batch'] * grpo['n']}",
         "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.entropy_coeff=0",
-        # fp32 compute: for a 128-wide model bf16 casts cost more than they save on CPU (15x slower measured),
-        # and fp32 keeps rollout and trainer log-probs equal (training/rollout_probs_diff_* ~1e-5)
+        # fp32 compute: the exact path (rollout and trainer log-probs agree, training/rollout_probs_diff_* ~1e-7),
+        # and bf16 is emulated -- 10-20x slower -- on CPUs without AVX-512 BF16/AMX (docs/ppo_trainer.md)
         "actor_rollout_ref.actor.fsdp_config.dtype=fp32", "actor_rollout_ref.ref.fsdp_config.dtype=fp32",
         "actor_rollout_ref.rollout.dtype=fp32",
         f"actor_rollout_ref.rollout.name={rollout}", f"actor_rollout_ref.rollout.n={grpo['n']}",

@@ -148,3 +148,36 @@ def test_cli_megatron_variant_not_available(assets, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "strategy=megatron is not available yet; use fsdp or fsdp2" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bf16_on_cpu_without_native_bf16_warns_with_the_keys(assets, monkeypatch, capsys):
+    import verl.utils.device as device
+
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    validate_ppo_config(composed(good_overrides(assets)))  # verl's defaults: bf16 compute everywhere
+    out = capsys.readouterr().out
+    assert "no native bf16" in out
+    for key in ("actor_rollout_ref.actor.fsdp_config.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
+                "critic.model.fsdp_config.dtype=fp32"):
+        assert key in out, out
+    assert "ref.fsdp_config" not in out  # no reference model in this config: not named
+    fp32 = ["actor_rollout_ref.actor.fsdp_config.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
+            "critic.model.fsdp_config.dtype=fp32"]
+    validate_ppo_config(composed(good_overrides(assets) + fp32))
+    assert "no native bf16" not in capsys.readouterr().out
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)  # AVX-512 BF16 / AMX: bf16 is the fast path
+    validate_ppo_config(composed(good_overrides(assets)))
+    assert "no native bf16" not in capsys.readouterr().out
+
+
+def test_cpu_has_native_bf16_matches_cpu_flags():
+    from verl.utils.device import cpu_has_native_bf16
+
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags line to compare with (not Linux x86)")
+    expected = " avx512_bf16" in flags or " amx_bf16" in flags or " amx_tile" in flags
+    assert cpu_has_native_bf16() == expected

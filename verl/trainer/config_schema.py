@@ -287,6 +287,32 @@ def need_critic(config: DictConfig) -> bool:
     return _get(config, "algorithm.adv_estimator") == "gae"
 
 
+_HALF = {"bf16", "bfloat16", "fp16", "float16", "half"}
+
+
+def slow_half_precision_keys(config: DictConfig, use_critic: bool = True, use_ref: bool = True) -> list[str]:
+    """The compute-dtype keys set to bf16/fp16 (verl's default for ``fsdp_config.dtype`` and ``rollout.dtype``)."""
+    ar = "actor_rollout_ref"
+    keys = [f"{ar}.actor.fsdp_config.dtype", f"{ar}.actor.fsdp_config.mixed_precision.param_dtype",
+            f"{ar}.actor.fsdp_config.model_dtype", f"{ar}.rollout.dtype"]
+    if use_ref:
+        keys += [f"{ar}.ref.fsdp_config.dtype", f"{ar}.ref.fsdp_config.model_dtype"]
+    if use_critic:
+        keys += ["critic.model.fsdp_config.dtype", "critic.model.fsdp_config.model_dtype"]
+    return [k for k in keys if str(_get(config, k, "") or "").lower() in _HALF]
+
+
+def warn_slow_cpu_bf16(config: DictConfig, use_critic: bool = True, use_ref: bool = True) -> list[str]:
+    """On a CPU without native bf16, say which keys ask for half precision and how to get fp32 (one line)."""
+    from verl.utils.device import cpu_has_native_bf16
+
+    keys = slow_half_precision_keys(config, use_critic, use_ref)
+    if keys and not cpu_has_native_bf16():
+        print(f"warning: this CPU has no native bf16 (no AVX-512 BF16/AMX), so half precision is emulated and runs "
+              f"10-20x slower than fp32 here; set {' '.join(k + '=fp32' for k in keys)} (see docs/ppo_trainer.md)")
+    return keys if keys and not cpu_has_native_bf16() else []
+
+
 def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan:
     """Validate the composed PPO config in place (normalizing a few spellings) and return the plan."""
     # spellings verl accepts: trainer.logger=console (a string)
@@ -426,6 +452,8 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
 
     if use_kl_loss and use_kl_in_reward:
         print("warning: both actor.use_kl_loss and algorithm.use_kl_in_reward are on: KL is applied twice")
+    if device == "cpu":
+        warn_slow_cpu_bf16(config, use_critic, use_reference_policy)
 
     for key in ("trainer.total_epochs",):
         if _int(config, key) < 1:

@@ -155,6 +155,21 @@ def max_memory_allocated_gb() -> float:
     return get_torch_device().max_memory_allocated() / 1024**3
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 matmuls natively (AVX-512 BF16 or AMX). Without them torch emulates bf16
+    and it is far slower than fp32: on our AVX2-only EPYC hosts a 2048^2 bf16 matmul took 60 s vs 0.12 s in
+    fp32, and a 1M-parameter Qwen2 forward+backward 17x longer; on AVX-512-BF16 hosts bf16 is ~4x faster."""
+    probe = getattr(torch, "cpu", None)
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        fn = getattr(probe, name, None)
+        try:
+            if fn is not None and fn():
+                return True
+        except Exception:  # private probes: treat a failure as "unknown = not native"
+            pass
+    return False
+
+
 class _CpuDeviceModule:
     """Just enough of the torch.cuda surface for device-agnostic callers on CPU."""
 
