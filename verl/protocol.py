@@ -17,17 +17,31 @@ thing for non-blocking worker calls: the data stays in Ray's object store until 
 from __future__ import annotations
 
 import copy
-import io
-import math
-import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 import torch
 from tensordict import TensorDict
+
+# The helpers live in verl/_protocol/, one module per responsibility; they are re-exported here (private
+# names included: tests and older callers import them from verl.protocol). DataProto itself stays here so
+# pickles keep naming it verl.protocol.DataProto.
+from verl._protocol.collate import all_gather_data_proto, collate_fn
+from verl._protocol.config import DataProtoConfig, _DataProtoConfigMeta  # noqa: F401
+from verl._protocol.containers import (  # noqa: F401
+    _deep_equal,
+    _merge_metrics,
+    _to_object_array,
+    list_of_dict_to_dict_of_list,
+    union_numpy_dict,
+    union_tensor_dict,
+    union_two_dict,
+)
+from verl._protocol.future import DataProtoFuture, _ChunkSelector  # noqa: F401
+from verl._protocol.padding import fold_batch_dim, pad_dataproto_to_divisor, unfold_batch_dim, unpad_dataproto
+from verl._protocol.serialization import _compact, _load_location  # noqa: F401
+from verl._protocol.serialization import batch_from_bytes, batch_to_bytes, pickle_atomically
 
 __all__ = [
     "DataProto",
@@ -47,141 +61,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------------- config
-class _DataProtoConfigMeta(type):
-    """Gives ``DataProtoConfig.auto_padding`` a class-level getter/setter that also reads the environment."""
-
-    _config: dict = {}
-    auto_padding_key = "_verl_auto_padding"
-
-    @property
-    def auto_padding(cls) -> bool:
-        from_env = os.getenv("VERL_AUTO_PADDING", "FALSE").strip().upper() in ("TRUE", "1", "YES")
-        return from_env or bool(cls._config.get(cls.auto_padding_key, False))
-
-    @auto_padding.setter
-    def auto_padding(cls, enabled: bool) -> None:
-        if not isinstance(enabled, bool):
-            raise TypeError(f"DataProtoConfig.auto_padding must be a bool, got {enabled!r}")
-        cls._config[cls.auto_padding_key] = enabled
-
-
-class DataProtoConfig(metaclass=_DataProtoConfigMeta):
-    """Process-wide switches. ``auto_padding`` (or env ``VERL_AUTO_PADDING=1``) lets ``chunk`` accept batch
-    sizes that are not a multiple of the world size; the dispatch layer then pads before and unpads after."""
-
-
-# -------------------------------------------------------------------------------------------------- helpers
-def _deep_equal(a: Any, b: Any) -> bool:
-    """Equality that works for tensors, arrays (NaN == NaN) and containers of them."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return False
-        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-            return False
-        if torch.equal(a, b):
-            return True
-        same_nans = torch.equal(a.isnan(), b.isnan()) if a.is_floating_point() else False
-        return bool(same_nans and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a_arr, b_arr = np.asarray(a), np.asarray(b)
-        if a_arr.shape != b_arr.shape:
-            return False
-        if a_arr.dtype == object or b_arr.dtype == object:
-            return all(_deep_equal(x, y) for x, y in zip(a_arr.ravel(), b_arr.ravel()))
-        return bool(np.array_equal(a_arr, b_arr, equal_nan=a_arr.dtype.kind in "fc"))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_deep_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_deep_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    try:
-        return bool(a == b)
-    except Exception:  # objects whose __eq__ is not a plain bool
-        return False
-
-
-def _to_object_array(values: Any, key: str) -> np.ndarray:
-    """One-dimensional object array of per-sample values (lists of equal-length lists stay 1-D)."""
-    if isinstance(values, np.ndarray):
-        return values if values.dtype == object else values.astype(object)
-    if isinstance(values, (list, tuple)):
-        arr = np.empty(len(values), dtype=object)
-        for i, v in enumerate(values):
-            arr[i] = v
-        return arr
-    raise TypeError(
-        f"non_tensor_batch[{key!r}] must be a numpy array (dtype=object) or a list with one entry per sample, "
-        f"got {type(values).__name__}"
-    )
-
-
-def union_two_dict(dict1: dict, dict2: dict) -> dict:
-    """Merge ``dict2`` into ``dict1``; a key present in both must hold equal values."""
-    for key, val in dict2.items():
-        if key in dict1 and not _deep_equal(dict1[key], val):
-            raise ValueError(f"union: key {key!r} is in both meta_info dicts with different values "
-                             f"({dict1[key]!r} vs {val!r}); rename one or pop it before union")
-        dict1[key] = val
-    return dict1
-
-
-def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
-    """Add the tensors of ``tensor_dict2`` to ``tensor_dict1``; shared keys must hold equal tensors."""
-    if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(f"union: batch sizes differ: {tuple(tensor_dict1.batch_size)} vs "
-                         f"{tuple(tensor_dict2.batch_size)}")
-    for key in tensor_dict2.keys():
-        if key in tensor_dict1.keys():
-            if not _deep_equal(tensor_dict1[key], tensor_dict2[key]):
-                raise ValueError(f"union: tensor {key!r} exists in both batches with different values; "
-                                 f"pop or rename it on one side first")
-        else:
-            tensor_dict1[key] = tensor_dict2[key]
-    return tensor_dict1
-
-
-def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str, np.ndarray]) -> dict:
-    """Add the arrays of ``tensor_dict2`` to ``tensor_dict1``; shared keys must hold equal arrays."""
-    for key, val in tensor_dict2.items():
-        if key in tensor_dict1:
-            if not isinstance(val, np.ndarray) or not _deep_equal(tensor_dict1[key], val):
-                raise ValueError(f"union: non-tensor {key!r} exists in both batches with different values; "
-                                 f"pop or rename it on one side first")
-        tensor_dict1[key] = val
-    return tensor_dict1
-
-
-def list_of_dict_to_dict_of_list(list_of_dict: list[dict]) -> dict[str, list]:
-    """``[{"a": 1}, {"a": 2}] -> {"a": [1, 2]}``; keys are taken from the union of all dicts."""
-    output: dict[str, list] = {}
-    for d in list_of_dict:
-        for key, val in d.items():
-            output.setdefault(key, []).append(val)
-    return output
-
-
-def _merge_metrics(parts: list) -> dict[str, list]:
-    """Metrics from several workers -> one list per metric name (per-worker lists are flattened)."""
-    merged: dict[str, list] = {}
-    for part in parts:
-        for d in part if isinstance(part, list) else [part]:
-            for name, val in d.items():
-                bucket = merged.setdefault(name, [])
-                bucket.extend(val) if isinstance(val, (list, tuple)) else bucket.append(val)
-    return merged
-
-
-def _compact(t: torch.Tensor) -> torch.Tensor:
-    """A tensor that owns exactly its bytes: pickling a view would otherwise ship its whole base storage."""
-    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size():
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
-
-
+# ---------------------------------------------------------------------------------------------- row helpers
 def _take_rows(batch: TensorDict | None, index: torch.Tensor) -> TensorDict | None:
     """``batch[index]`` with the index moved to the batch's device first."""
     if batch is None:
@@ -574,42 +454,17 @@ class DataProto:
         return iter(get_data())
 
     # ------------------------------------------------------------------------------- serialization
+    # The byte format lives in verl._protocol.serialization; these methods are the pickle / disk entry points.
     def __getstate__(self):
-        # Tensors go through torch serialization (raw storage bytes, no per-element pickling); views are
-        # compacted first so a chunk does not drag its parent's whole storage along.
-        batch_state = None
-        if self.batch is not None:
-            buffer = io.BytesIO()
-            torch.save({"tensors": self.batch.apply(_compact).to_dict(),
-                        "batch_size": tuple(self.batch.batch_size),
-                        "device": None if self.batch.device is None else str(self.batch.device)},
-                       buffer, _use_new_zipfile_serialization=False)  # legacy format: no zip pass, ~raw speed
-            batch_state = buffer.getvalue()
-        return batch_state, self.non_tensor_batch, self.meta_info
+        return batch_to_bytes(self.batch), self.non_tensor_batch, self.meta_info
 
     def __setstate__(self, data):
         batch_state, non_tensor_batch, meta_info = data
-        batch = None
-        if batch_state is not None:
-            location = _load_location()
-            state = torch.load(io.BytesIO(batch_state), map_location=location, weights_only=False)
-            device = state["device"] if location is None or state["device"] is None else location
-            batch = TensorDict(state["tensors"], batch_size=state["batch_size"], device=device)
-        self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor_batch, meta_info
+        self.batch, self.non_tensor_batch, self.meta_info = batch_from_bytes(batch_state), non_tensor_batch, meta_info
 
     def save_to_disk(self, filepath) -> None:
         """Pickle to ``filepath`` atomically (a reader never sees a half-written file)."""
-        directory = os.path.dirname(os.path.abspath(filepath))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".dataproto-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(self, f)
-            os.replace(tmp, filepath)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        pickle_atomically(self, filepath)
 
     @staticmethod
     def load_from_disk(filepath) -> "DataProto":
@@ -619,174 +474,3 @@ class DataProto:
 
 def _identity(x):
     return x
-
-
-def _load_location():
-    """Load on CPU when this process has no accelerator (e.g. a CPU driver receiving a GPU worker's output)."""
-    from verl.utils.device import get_device_name
-
-    return "cpu" if get_device_name() == "cpu" else None
-
-
-# ---------------------------------------------------------------------------------------- padding helpers
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Pad ``data`` by repeating its rows from the start until its length is a multiple of ``size_divisor``.
-
-    Returns ``(padded, pad_size)``; ``unpad_dataproto(output, pad_size)`` drops the padded rows again.
-    """
-    if size_divisor < 1:
-        raise ValueError(f"size_divisor must be >= 1, got {size_divisor}")
-    pad_size = (-len(data)) % size_divisor
-    if pad_size == 0:
-        return data, 0
-    if len(data) == 0:
-        raise ValueError("pad_dataproto_to_divisor: cannot pad an empty DataProto (no rows to repeat)")
-    padded = DataProto.concat([data, data.select_idxs(np.arange(pad_size) % len(data))])
-    return padded, pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last ``pad_size`` rows (undo ``pad_dataproto_to_divisor``)."""
-    return data[:-pad_size] if pad_size else data
-
-
-def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
-    """Reshape the batch ``(B, ...)`` into ``(new_batch_size, B // new_batch_size, ...)``."""
-    if len(data) % new_batch_size != 0:
-        raise ValueError(f"fold_batch_dim: batch size {len(data)} is not divisible by {new_batch_size}")
-    inner = len(data) // new_batch_size
-    batch = None
-    if data.batch is not None:
-        batch = data.batch.reshape(new_batch_size, inner)
-    non_tensor = {k: v.reshape(new_batch_size, inner, *v.shape[1:]) for k, v in data.non_tensor_batch.items()}
-    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
-
-
-def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
-    """Flatten the first ``batch_dims`` dims back into one batch dim (undo ``fold_batch_dim``)."""
-    batch = None
-    if data.batch is not None:
-        batch = data.batch.reshape(-1) if batch_dims > 1 else data.batch
-    non_tensor = {k: v.reshape(-1, *v.shape[batch_dims:]) for k, v in data.non_tensor_batch.items()}
-    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
-
-
-def collate_fn(x: list):
-    """Collate a list of samples.
-
-    * dicts (the RL dataset's rows) -> dict: tensors stacked, every other value an object array;
-    * DataProtoItems -> DataProto (tensors stacked, non-tensors as object arrays).
-    """
-    if not x:
-        raise ValueError("collate_fn: got an empty list of samples")
-    if isinstance(x[0], DataProtoItem):
-        batch = torch.stack([item.batch for item in x]) if x[0].batch is not None else None
-        non_tensor = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in x])
-        return DataProto(batch=batch, non_tensor_batch={k: _to_object_array(v, k) for k, v in non_tensor.items()},
-                         meta_info=x[0].meta_info)
-    tensors, non_tensors = {}, {}
-    for row in x:
-        for key, val in row.items():
-            (tensors if isinstance(val, torch.Tensor) else non_tensors).setdefault(key, []).append(val)
-    out = {}
-    for key, vals in tensors.items():
-        if len(vals) != len(x):
-            raise ValueError(f"collate_fn: tensor {key!r} is missing from {len(x) - len(vals)} of {len(x)} samples")
-        out[key] = torch.stack(vals, dim=0)
-    for key, vals in non_tensors.items():
-        out[key] = _to_object_array(vals, key)
-    return out
-
-
-def all_gather_data_proto(data: DataProto, process_group=None) -> None:
-    """All-gather ``data`` across ``process_group`` in place (every rank ends with every rank's rows, in
-    rank order). Every rank must hold the same number of rows."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size(group=process_group)
-    if data.batch is not None:
-        gathered = {}
-        for key, t in data.batch.items(True, True):
-            parts = [torch.empty_like(t) for _ in range(world)]
-            dist.all_gather(parts, t.contiguous(), group=process_group)
-            gathered[key] = torch.cat(parts, dim=0)
-        data.batch = TensorDict(gathered, batch_size=(len(data) * world,), device=data.batch.device).unflatten_keys()
-    objects = [None] * world
-    dist.all_gather_object(objects, data.non_tensor_batch, group=process_group)
-    data.non_tensor_batch = {k: np.concatenate([o[k] for o in objects], axis=0) for k in data.non_tensor_batch}
-
-
-# ------------------------------------------------------------------------------------------ DataProtoFuture
-@dataclass
-class DataProtoFuture:
-    """The not-yet-fetched result of a non-blocking worker-group call.
-
-    ``futures`` are Ray object refs (one per worker); ``.get()`` fetches them, joins them with ``collect_fn``
-    and, if this future is one slice of a larger one, picks that slice with ``dispatch_fn``. Passing a future
-    to the next worker group lets the data go worker -> worker without the driver waiting in between.
-    """
-
-    collect_fn: Callable
-    futures: list
-    dispatch_fn: Callable | None = None
-
-    @staticmethod
-    def concat(data: list) -> "DataProtoFuture":
-        """A future that concatenates the DataProtos behind ``data`` (Ray object refs)."""
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
-
-    def chunk(self, chunks: int) -> list["DataProtoFuture"]:
-        """``chunks`` futures, the i-th resolving to chunk i of this future's value."""
-        return [DataProtoFuture(collect_fn=self.collect_fn, futures=self.futures,
-                                dispatch_fn=_ChunkSelector(i, chunks, self.dispatch_fn)) for i in range(chunks)]
-
-    def get(self):
-        """Fetch, collect and (for a chunk) select. A worker that raised or died surfaces as a
-        ``WorkerError`` naming its rank, with the Ray error as ``cause``; with several failures, the
-        lowest rank among those already finished (healthy ranks still running are not waited for: they
-        may be blocked in a collective with the dead one)."""
-        import ray
-
-        try:
-            outputs = ray.get(self.futures)
-        except ray.exceptions.RayError as err:
-            raise self._worker_error(err) from err
-        for i, out in enumerate(outputs):
-            if not isinstance(out, DataProto):
-                raise TypeError(f"DataProtoFuture: worker {i} returned {type(out).__name__}, expected DataProto")
-        result = self.collect_fn(outputs)
-        return self.dispatch_fn(result) if self.dispatch_fn is not None else result
-
-    def _worker_error(self, err: BaseException) -> BaseException:
-        """The failure of the first rank, in rank order, among the results already available."""
-        import ray
-
-        from verl.single_controller.ray.base import WorkerError  # lazy: protocol stays free of the controller
-
-        ready, _ = ray.wait(self.futures, num_returns=len(self.futures), timeout=0)
-        ready = set(ready)
-        for rank, ref in enumerate(self.futures):
-            if ref not in ready:
-                continue
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayError as cause:
-                what = "died" if isinstance(cause, ray.exceptions.ActorDiedError) else "raised"
-                msg = (f"DataProtoFuture: rank {rank} of {len(self.futures)} {what} while computing its result. "
-                       f"Worker traceback / Ray error:\n{type(cause).__name__}: {cause}")
-                return WorkerError(msg, rank=rank, cause=cause)
-        return err
-
-
-@dataclass
-class _ChunkSelector:
-    """Picklable ``dispatch_fn``: apply the parent's dispatch (if any), then take chunk ``index``."""
-
-    index: int
-    chunks: int
-    parent: Callable | None = None
-
-    def __call__(self, data: DataProto) -> DataProto:
-        if self.parent is not None:
-            data = self.parent(data)
-        return data.chunk(chunks=self.chunks)[self.index]

@@ -1,0 +1,90 @@
+"""``DataProtoFuture``: the lazy result of a non-blocking worker-group call (re-exported by :mod:`verl.protocol`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from verl.protocol import DataProto
+
+# DataProto is imported inside the methods that use it: verl.protocol imports this module.
+
+
+@dataclass
+class DataProtoFuture:
+    """The not-yet-fetched result of a non-blocking worker-group call.
+
+    ``futures`` are Ray object refs (one per worker); ``.get()`` fetches them, joins them with ``collect_fn``
+    and, if this future is one slice of a larger one, picks that slice with ``dispatch_fn``. Passing a future
+    to the next worker group lets the data go worker -> worker without the driver waiting in between.
+    """
+
+    collect_fn: Callable
+    futures: list
+    dispatch_fn: Callable | None = None
+
+    @staticmethod
+    def concat(data: list) -> "DataProtoFuture":
+        """A future that concatenates the DataProtos behind ``data`` (Ray object refs)."""
+        from verl.protocol import DataProto
+
+        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
+
+    def chunk(self, chunks: int) -> list["DataProtoFuture"]:
+        """``chunks`` futures, the i-th resolving to chunk i of this future's value."""
+        return [DataProtoFuture(collect_fn=self.collect_fn, futures=self.futures,
+                                dispatch_fn=_ChunkSelector(i, chunks, self.dispatch_fn)) for i in range(chunks)]
+
+    def get(self):
+        """Fetch, collect and (for a chunk) select. A worker that raised or died surfaces as a
+        ``WorkerError`` naming its rank, with the Ray error as ``cause``; with several failures, the
+        lowest rank among those already finished (healthy ranks still running are not waited for: they
+        may be blocked in a collective with the dead one)."""
+        import ray
+
+        from verl.protocol import DataProto
+
+        try:
+            outputs = ray.get(self.futures)
+        except ray.exceptions.RayError as err:
+            raise self._worker_error(err) from err
+        for i, out in enumerate(outputs):
+            if not isinstance(out, DataProto):
+                raise TypeError(f"DataProtoFuture: worker {i} returned {type(out).__name__}, expected DataProto")
+        result = self.collect_fn(outputs)
+        return self.dispatch_fn(result) if self.dispatch_fn is not None else result
+
+    def _worker_error(self, err: BaseException) -> BaseException:
+        """The failure of the first rank, in rank order, among the results already available."""
+        import ray
+
+        from verl.single_controller.ray.base import WorkerError  # lazy: protocol stays free of the controller
+
+        ready, _ = ray.wait(self.futures, num_returns=len(self.futures), timeout=0)
+        ready = set(ready)
+        for rank, ref in enumerate(self.futures):
+            if ref not in ready:
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as cause:
+                what = "died" if isinstance(cause, ray.exceptions.ActorDiedError) else "raised"
+                msg = (f"DataProtoFuture: rank {rank} of {len(self.futures)} {what} while computing its result. "
+                       f"Worker traceback / Ray error:\n{type(cause).__name__}: {cause}")
+                return WorkerError(msg, rank=rank, cause=cause)
+        return err
+
+
+@dataclass
+class _ChunkSelector:
+    """Picklable ``dispatch_fn``: apply the parent's dispatch (if any), then take chunk ``index``."""
+
+    index: int
+    chunks: int
+    parent: Callable | None = None
+
+    def __call__(self, data: DataProto) -> DataProto:
+        if self.parent is not None:
+            data = self.parent(data)
+        return data.chunk(chunks=self.chunks)[self.index]
