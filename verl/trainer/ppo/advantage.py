@@ -14,7 +14,7 @@ of them if it takes ``**kwargs``).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -95,17 +95,31 @@ def _group_ids(index, device) -> tuple[torch.Tensor, int]:
     return torch.tensor(ids, dtype=torch.long, device=device), len(mapping)
 
 
-def _group_stats(scores: torch.Tensor, index):
-    """Per-sample (group size, group mean, group unbiased std); singleton groups get mean 0 and std 1."""
+def _group_sum(values: torch.Tensor, gid: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """(G,) sums of ``values`` over the samples of each group."""
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, gid, values)
+
+
+class _GroupStats(NamedTuple):
+    """Per-sample statistics of the sample's group (each field has shape (B,), aligned with the batch)."""
+
+    size: torch.Tensor  # number of responses in the group (float, scores' dtype)
+    mean: torch.Tensor  # group mean of the scores; 0 for a singleton group
+    std: torch.Tensor  # group unbiased std of the scores; 1 for a singleton group
+    gid: torch.Tensor  # group id 0..G-1 (first-appearance order of ``index``)
+
+
+def _group_stats(scores: torch.Tensor, index) -> _GroupStats:
+    """Group size, mean and unbiased std of ``scores`` for every sample; singleton groups get mean 0, std 1."""
     gid, num_groups = _group_ids(index, scores.device)
     count = torch.bincount(gid, minlength=num_groups).to(scores.dtype)
-    mean = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, scores) / count
+    mean = _group_sum(scores, gid, num_groups) / count
     sq_dev = (scores - mean[gid]) ** 2
-    var = torch.zeros_like(mean).index_add_(0, gid, sq_dev) / (count - 1).clamp(min=1)
+    var = _group_sum(sq_dev, gid, num_groups) / (count - 1).clamp(min=1)
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(var), var.sqrt())
-    return count[gid], mean[gid], std[gid], gid
+    return _GroupStats(size=count[gid], mean=mean[gid], std=std[gid], gid=gid)
 
 
 def _broadcast(per_seq: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -166,10 +180,10 @@ def compute_grpo_outcome_advantage(
     """
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        _, mean, std, _ = _group_stats(scores, index)
-        adv = scores - mean
+        group = _group_stats(scores, index)
+        adv = scores - group.mean
         if norm_adv_by_std_in_grpo:
-            adv = adv / (std + epsilon)
+            adv = adv / (group.std + epsilon)
         adv = _broadcast(adv, response_mask)
     return adv, adv
 
@@ -194,7 +208,8 @@ def compute_grpo_passk_outcome_advantage(
         norm_adv_by_std_in_grpo = cfg_get(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        count, _, std, gid = _group_stats(scores, index)
+        group = _group_stats(scores, index)
+        gid = group.gid
         advantages = torch.zeros_like(scores)
         for g in range(int(gid.max().item()) + 1 if len(gid) else 0):
             members = torch.nonzero(gid == g).flatten()
@@ -208,7 +223,7 @@ def compute_grpo_passk_outcome_advantage(
             best, second = order[0], order[1]
             gap = group_scores[best] - group_scores[second]
             if norm_adv_by_std_in_grpo:
-                gap = gap / (std[members[0]] + epsilon)
+                gap = gap / (group.std[members[0]] + epsilon)
             advantages[members[best]] = gap
         advantages = _broadcast(advantages, response_mask)
     return advantages, advantages
@@ -229,7 +244,8 @@ def compute_rloo_outcome_advantage(
     """
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        n, mean, _, _ = _group_stats(scores, index)
+        group = _group_stats(scores, index)
+        n, mean = group.size, group.mean
         leave_one_out = torch.where(n > 1, (scores - mean) * n / (n - 1).clamp(min=1), scores)
         adv = _broadcast(leave_one_out, response_mask)
     return adv, adv
@@ -253,8 +269,8 @@ def compute_opo_outcome_advantage(
         scores = token_level_rewards.sum(dim=-1)
         lengths = response_mask.sum(dim=-1).to(scores.dtype)
         gid, num_groups = _group_ids(index, scores.device)
-        weighted = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, gid, lengths * scores)
-        total_len = torch.zeros_like(weighted).index_add_(0, gid, lengths)
+        weighted = _group_sum(lengths * scores, gid, num_groups)
+        total_len = _group_sum(lengths, gid, num_groups)
         count = torch.bincount(gid, minlength=num_groups)
         baseline = torch.where(count > 1, weighted / total_len.clamp(min=1e-8), torch.zeros_like(weighted))
         adv = _broadcast(scores - baseline[gid], response_mask)
@@ -304,9 +320,9 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     """
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        _, mean, _, _ = _group_stats(scores, index)
+        group = _group_stats(scores, index)
         mask = response_mask.to(scores.dtype)
-        adv = _broadcast(scores - mean, mask)
+        adv = _broadcast(scores - group.mean, mask)
         adv = verl_F.masked_whiten(adv, mask) * mask
     return adv, adv
 
@@ -350,8 +366,8 @@ def compute_gpg_outcome_advantage(
     """
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
-        _, mean, _, _ = _group_stats(scores, index)
+        group = _group_stats(scores, index)
         num_nonzero = torch.count_nonzero(scores).clamp(min=1)
         alpha = scores.shape[0] / num_nonzero.to(scores.dtype)
-        adv = _broadcast(alpha * (scores - mean) / f_norm, response_mask)
+        adv = _broadcast(alpha * (scores - group.mean) / f_norm, response_mask)
     return adv, adv
