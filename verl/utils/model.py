@@ -15,6 +15,7 @@ is built, nested dicts update nested configs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -129,6 +130,36 @@ def _from_pretrained(auto_cls, path, config, dtype, trust_remote_code, attn_impl
     return model, info
 
 
+@contextlib.contextmanager
+def _hf_errors_only():
+    """Show only errors from transformers' logging inside the block (e.g. an expected missing-keys report)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _load(auto_cls, path, dtype, override_config, trust_remote_code, attn_implementation, *,
+          scalar_head: bool = False, quiet_load_report: bool = False):
+    """The body shared by the three loaders: check the dir, build the config (``override_config`` applied; a
+    ``scalar_head`` gets ``num_labels=1`` and no classifier dropout), then ``auto_cls.from_pretrained``.
+
+    ``quiet_load_report`` hides transformers' missing/unexpected-keys report for this load only.
+    Returns ``(model, loading_info)``.
+    """
+    path = check_model_dir(path)
+    config = load_hf_config(path, override_config, trust_remote_code)
+    if scalar_head:
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+    with _hf_errors_only() if quiet_load_report else contextlib.nullcontext():
+        return _from_pretrained(auto_cls, path, config, to_torch_dtype(dtype), trust_remote_code, attn_implementation)
+
+
 def load_causal_lm(
     path: str,
     dtype: str | torch.dtype = torch.float32,
@@ -139,11 +170,7 @@ def load_causal_lm(
     """``AutoModelForCausalLM`` from a local dir, parameters in ``dtype``."""
     from transformers import AutoModelForCausalLM
 
-    path = check_model_dir(path)
-    config = load_hf_config(path, override_config, trust_remote_code)
-    model, _ = _from_pretrained(
-        AutoModelForCausalLM, path, config, to_torch_dtype(dtype), trust_remote_code, attn_implementation
-    )
+    model, _ = _load(AutoModelForCausalLM, path, dtype, override_config, trust_remote_code, attn_implementation)
     return model
 
 
@@ -170,20 +197,9 @@ def load_value_model(
     """
     from transformers import AutoModelForTokenClassification
 
-    path = check_model_dir(path)
-    config = load_hf_config(path, override_config, trust_remote_code)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the "value head MISSING" load report is expected here: handled below
-    try:
-        model, info = _from_pretrained(
-            AutoModelForTokenClassification, path, config, to_torch_dtype(dtype), trust_remote_code, attn_implementation
-        )
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    # the "value head MISSING" load report is expected here: handled below
+    model, info = _load(AutoModelForTokenClassification, path, dtype, override_config, trust_remote_code,
+                        attn_implementation, scalar_head=True, quiet_load_report=True)
     head = _value_head(model)
     missing = set(info.get("missing_keys", []) or [])
     if head is not None and any(k.split(".")[0] in ("score", "classifier", "v_head", "value_head") for k in missing):
@@ -203,13 +219,8 @@ def load_reward_model(
     """Reward model: ``AutoModelForSequenceClassification`` with ``num_labels=1`` (score per sequence)."""
     from transformers import AutoModelForSequenceClassification
 
-    path = check_model_dir(path)
-    config = load_hf_config(path, override_config, trust_remote_code)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    model, _ = _from_pretrained(
-        AutoModelForSequenceClassification, path, config, to_torch_dtype(dtype), trust_remote_code, attn_implementation
-    )
+    model, _ = _load(AutoModelForSequenceClassification, path, dtype, override_config, trust_remote_code,
+                     attn_implementation, scalar_head=True)
     return model
 
 
