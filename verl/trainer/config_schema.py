@@ -279,6 +279,21 @@ UNSUPPORTED = [
 ]
 
 
+def _check_pf_ppo(config: DictConfig) -> None:
+    """``algorithm.pf_ppo.*`` (checked even with PF-PPO off, so a typo does not wait for the day it is on)."""
+    from verl.trainer.ppo.pf_ppo import REWEIGHT_METHODS
+
+    _check_choice("algorithm.pf_ppo.reweight_method", _get(config, "algorithm.pf_ppo.reweight_method"), REWEIGHT_METHODS)
+    weight_pow = _get(config, "algorithm.pf_ppo.weight_pow")
+    if isinstance(weight_pow, bool) or not isinstance(weight_pow, (int, float)) or not 0 <= weight_pow < float("inf"):
+        raise ConfigError(f"algorithm.pf_ppo.weight_pow={weight_pow!r} must be a number >= 0 (PF-PPO's weight is "
+                          "|score|**weight_pow with reweight_method=pow; 0 resamples uniformly)")
+    estimator = _get(config, "algorithm.adv_estimator")
+    if _get(config, "algorithm.use_pf_ppo") and estimator != "gae":
+        print(f"warning: algorithm.use_pf_ppo=True acts only with algorithm.adv_estimator=gae (as in verl); "
+              f"with {estimator} the batch is not resampled")
+
+
 def need_critic(config: DictConfig) -> bool:
     """verl's rule: ``critic.enable`` if set, else a critic exactly when the estimator is GAE."""
     enable = _get(config, "critic.enable")
@@ -370,8 +385,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     _check_choice("trainer.resume_mode", _get(config, "trainer.resume_mode"), RESUME_MODES)
     for backend in _as_list(_get(config, "trainer.logger")):
         _check_choice("trainer.logger", backend, LOGGERS)
-    if _get(config, "algorithm.use_pf_ppo"):
-        raise ConfigError("algorithm.use_pf_ppo=True is not available yet; use False")
+    _check_pf_ppo(config)
 
     for key, ok, fix in UNSUPPORTED:
         value = _get(config, key)

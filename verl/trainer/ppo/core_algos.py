@@ -11,7 +11,8 @@ The math lives in three modules, all re-exported here so ``from verl.trainer.ppo
   ``get_kl_controller``
 
 This module adds the two driver-side steps that act on a whole batch (a ``DataProto``):
-:func:`apply_kl_penalty` (KL in the reward) and :func:`compute_advantage`.
+:func:`apply_kl_penalty` (KL in the reward) and :func:`compute_advantage`; PF-PPO's batch resampling
+``compute_pf_ppo_reweight_data`` lives in :mod:`verl.trainer.ppo.pf_ppo`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from verl.trainer.ppo.advantage import AdvantageEstimator, get_adv_estimator_fn
 from verl.trainer.ppo.kl import *  # noqa: F401,F403
 from verl.trainer.ppo.kl import __all__ as _kl_all
 from verl.trainer.ppo.kl import kl_penalty as _kl_penalty_fn
+from verl.trainer.ppo.pf_ppo import compute_pf_ppo_reweight_data
 from verl.trainer.ppo.policy_loss import *  # noqa: F401,F403
 from verl.trainer.ppo.policy_loss import __all__ as _loss_all
 from verl.utils import torch_functional as verl_F
@@ -69,25 +71,6 @@ def apply_kl_penalty(data: "DataProto", kl_ctrl, kl_penalty: str = "kl"):
     current_kl = verl_F.masked_mean(kld, mask, axis=-1).mean().item()
     kl_ctrl.update(current_kl=current_kl, n_steps=scores.shape[0])
     return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
-
-
-def compute_pf_ppo_reweight_data(data: "DataProto", reweight_method: str = "pow", weight_pow: float = 2.0):
-    """Policy-Filtration PPO (Zhang et al. 2024, "PF-PPO"): resample the batch (with replacement, same size)
-    with weights from the sequence scores: ``pow`` |s|^weight_pow, ``max_min`` 1 for the max/min score else 0,
-    ``max_random`` 0.4 for the max score else 0.1. Uses torch's global RNG."""
-    scores = data.batch["token_level_scores"].sum(dim=-1).double()
-    if reweight_method == "pow":
-        weights = scores.abs() ** weight_pow
-    elif reweight_method == "max_min":
-        weights = ((scores == scores.max()) | (scores == scores.min())).double()
-    elif reweight_method == "max_random":
-        weights = torch.where(scores == scores.max(), 0.4, 0.1).double()
-    else:
-        raise ValueError(f"unknown algorithm.pf_ppo.reweight_method {reweight_method!r}; choose pow, max_min or max_random")
-    if not weights.sum() > 0:
-        weights = torch.ones_like(weights)
-    idx = torch.multinomial(weights / weights.sum(), num_samples=len(scores), replacement=True)
-    return data.select_idxs(idx) if hasattr(data, "select_idxs") else data[idx]
 
 
 def compute_advantage(

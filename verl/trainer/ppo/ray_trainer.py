@@ -6,7 +6,7 @@ on a worker group (``actor_rollout_wg``, ``ref_policy_wg``, ``critic_wg``, ``rm_
 
     generate n responses per prompt -> response mask -> (balance) -> old log probs (+ entropy)
     -> ref log probs -> values -> rewards (KL-shaped if algorithm.use_kl_in_reward) -> advantages
-    -> critic update -> actor update (after trainer.critic_warmup steps)
+    (-> PF-PPO resampling) -> critic update -> actor update (after trainer.critic_warmup steps)
 
 Features and how to turn them on:
 - estimators: ``algorithm.adv_estimator`` (gae needs the critic, grpo/rloo/... need ``rollout.n > 1``);
@@ -19,6 +19,10 @@ Features and how to turn them on:
   ``trainer.max_{actor,critic}_ckpt_to_keep`` (layout in ``verl.trainer.ppo.checkpoint``);
 - logging: ``trainer.logger`` (console, file, tensorboard, wandb), a PNG of the training curves at the end;
 - ``trainer.balance_batch``: reorder samples so that every data-parallel rank gets a similar token count;
+- ``reward_model.launch_reward_fn_async=True``: the reward function runs as a Ray task launched right after
+  generation and is collected only when the rewards are needed, overlapping old log probs / ref / values;
+- PF-PPO (``algorithm.use_pf_ppo=True``, GAE only as in verl): after the advantages, the batch is resampled by
+  score with ``algorithm.pf_ppo.{reweight_method, weight_pow}`` (seeded per step; ``pf_ppo/unique_rows``);
 - ``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``: JSONL dumps of samples.
 """
 
@@ -31,6 +35,7 @@ from pprint import pprint
 from typing import Any, Optional
 
 import numpy as np
+import ray
 import torch
 from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
@@ -54,7 +59,7 @@ from verl.trainer.ppo.metric_utils import (
     process_validation_metrics,
     reduce_metrics,
 )
-from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.reward import compute_reward, compute_reward_async
 from verl.trainer.ppo.utils import (
     dump_generations,
     entropy_metric,
@@ -80,6 +85,7 @@ __all__ = [
 _GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 _GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
 PLOT_FILE = "training_curves.png"
+_PF_PPO_ROW = "pf_ppo_source_row"  # temporary: which pre-resampling row each PF-PPO sample came from
 
 
 def compute_response_mask(data: DataProto) -> torch.Tensor:
@@ -313,6 +319,10 @@ class RayPPOTrainer:
         if cfg.trainer.balance_batch:
             self._balance_batch(batch, metrics)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        future_reward = None
+        if cfg.reward_model.get("launch_reward_fn_async", False):
+            with marked_timer("reward", timing_raw, color="yellow"):
+                batch, future_reward = self._launch_reward(batch)
 
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = batch.union(self._compute_old_log_prob(batch, metrics))
@@ -323,17 +333,9 @@ class RayPPOTrainer:
             with marked_timer("values", timing_raw, color="cyan"):
                 batch = batch.union(self.critic_wg.compute_values(batch))
         with marked_timer("reward", timing_raw, color="yellow"):
-            batch = self._compute_rewards(batch, metrics)
+            batch = self._compute_rewards(batch, metrics, future_reward)
         with marked_timer("adv", timing_raw, color="brown"):
-            batch = compute_advantage(
-                batch,
-                adv_estimator=cfg.algorithm.adv_estimator,
-                gamma=cfg.algorithm.gamma,
-                lam=cfg.algorithm.lam,
-                num_repeat=n,
-                norm_adv_by_std_in_grpo=cfg.algorithm.get("norm_adv_by_std_in_grpo", True),
-                config=cfg.algorithm,
-            )
+            batch = self._compute_advantage(batch, metrics)
 
         if self.use_critic:
             with marked_timer("update_critic", timing_raw, color="pink"):
@@ -401,11 +403,22 @@ class RayPPOTrainer:
                                                       batch.batch["response_mask"]))
         return old
 
-    def _compute_rewards(self, batch: DataProto, metrics: dict) -> DataProto:
-        """token_level_scores from the reward model and/or the reward function; token_level_rewards after KL."""
+    def _launch_reward(self, batch: DataProto) -> tuple[DataProto, ray.ObjectRef]:
+        """``reward_model.launch_reward_fn_async``: reward-model scores now (the reward function may read them),
+        then the reward function as a Ray task that runs while the workers compute log probs and values."""
         if self.use_rm:
             batch = batch.union(self.rm_wg.compute_rm_score(batch))
-        scores, extra_infos = compute_reward(batch, self.reward_fn)
+        return batch, compute_reward_async.remote(batch, reward_fn=self.reward_fn)
+
+    def _compute_rewards(self, batch: DataProto, metrics: dict, future_reward=None) -> DataProto:
+        """token_level_scores from the reward model and/or the reward function (or the Ray task started by
+        :meth:`_launch_reward`); token_level_rewards after KL."""
+        if future_reward is not None:
+            scores, extra_infos = ray.get(future_reward)
+        else:
+            if self.use_rm:
+                batch = batch.union(self.rm_wg.compute_rm_score(batch))
+            scores, extra_infos = compute_reward(batch, self.reward_fn)
         batch.batch["token_level_scores"] = scores
         if extra_infos:
             batch.non_tensor_batch.update({k: np.array(v) for k, v in extra_infos.items() if len(v) == len(batch)})
@@ -415,6 +428,31 @@ class RayPPOTrainer:
             metrics.update(kl_metrics)
         else:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        return batch
+
+    def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
+        """Advantages and returns; with PF-PPO (GAE only, as in verl) ``compute_advantage`` also resamples the
+        batch. Its draw is seeded by ``data.seed`` and the step, so a resumed run resamples like an
+        uninterrupted one; ``pf_ppo/unique_rows`` counts the distinct samples kept."""
+        algo = self.config.algorithm
+        pf_ppo = bool(algo.get("use_pf_ppo", False)) and algo.adv_estimator == AdvantageEstimator.GAE.value
+        if pf_ppo:
+            batch.batch[_PF_PPO_ROW] = torch.arange(len(batch))
+        seed = self.config.data.get("seed", None)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((1 if seed is None else int(seed)) * 1_000_003 + self.global_steps)
+            batch = compute_advantage(
+                batch,
+                adv_estimator=algo.adv_estimator,
+                gamma=algo.gamma,
+                lam=algo.lam,
+                num_repeat=int(self.config.actor_rollout_ref.rollout.n),
+                norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
+                config=algo,
+            )
+        if pf_ppo:
+            rows = batch.pop(batch_keys=[_PF_PPO_ROW]).batch[_PF_PPO_ROW]
+            metrics["pf_ppo/unique_rows"] = int(torch.unique(rows).numel())
         return batch
 
     def _step_metrics(self, batch: DataProto, timing_raw: dict) -> dict:
