@@ -141,6 +141,7 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         f"data.max_response_length={tokens}",
         "data.shuffle=False",
         f"actor_rollout_ref.model.path={assets['model']}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",  # TRL's default: no recompute
         f"actor_rollout_ref.actor.optim.lr={lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_PER_STEP}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows // workers}",
