@@ -33,10 +33,11 @@ SCORE_KEY = "critic/score/mean"
 
 # Task and training knobs, tuned so that the tiny model ends SFT in a moderate regime and GRPO has room to improve
 # (see docs/quickstart.md for measured numbers).
-TASK = dict(train_size=5000, test_size=200, min_digits=1, max_digits=1, operators="+-")
+TASK = dict(train_size=5000, test_size=600, min_digits=1, max_digits=1, operators="+-")
 SFT = dict(steps=120, batch=64, lr="3e-3")
-GRPO = dict(steps=40, batch=32, n=8, lr="3e-4", test_freq=10, response_length=8)
-FAST = dict(task=dict(train_size=256, test_size=32), sft=dict(steps=4, batch=16), grpo=dict(steps=2, batch=8, n=4, test_freq=2))
+GRPO = dict(steps=200, batch=32, mini_batch=32, n=8, lr="5e-4", warmup=10, test_freq=25, response_length=8)
+FAST = dict(task=dict(train_size=256, test_size=32), sft=dict(steps=4, batch=16),
+            grpo=dict(steps=2, batch=8, mini_batch=4, n=4, test_freq=2))
 
 
 def log(msg: str) -> None:
@@ -128,6 +129,7 @@ def main(argv=None) -> None:
     parser.add_argument("--fast", action="store_true", help="tiny sizes and step counts (smoke test)")
     parser.add_argument("--sft_steps", type=int, default=None)
     parser.add_argument("--grpo_steps", type=int, default=None)
+    parser.add_argument("--grpo_lr", default=None, help="actor learning rate of the GRPO stage")
     args = parser.parse_args(argv)
 
     task, sft, grpo = dict(TASK), dict(SFT), dict(GRPO)
@@ -137,6 +139,8 @@ def main(argv=None) -> None:
         sft["steps"] = args.sft_steps
     if args.grpo_steps:
         grpo["steps"] = args.grpo_steps
+    if args.grpo_lr:
+        grpo["lr"] = args.grpo_lr
     out = os.path.abspath(args.out)
     data_dir, model_dir = os.path.join(out, "data"), os.path.join(out, "models", args.model_size)
     sft_dir, grpo_dir = os.path.join(out, "sft"), os.path.join(out, "grpo")
@@ -202,8 +206,13 @@ def main(argv=None) -> None:
         f"actor_rollout_ref.model.path={sft_model}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.optim.lr={grpo['lr']}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={grpo['batch']}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={grpo['batch'] * grpo['n']}",
+        # a fresh Adam's first steps move every weight by ~lr: warm up so they do not knock the SFT model about
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={min(grpo['warmup'], grpo['steps'])}",
+        # cosine decay to 0: the policy settles at the end instead of being caught mid-oscillation
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.min_lr_ratio=0.0",
+        # several optimizer steps per batch of rollouts (batch / mini_batch), as verl's examples do
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={grpo['mini_batch']}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={grpo['mini_batch'] * grpo['n']}",
         "actor_rollout_ref.actor.use_kl_loss=false", "actor_rollout_ref.actor.entropy_coeff=0",
         # fp32 compute: the exact path (rollout and trainer log-probs agree, training/rollout_probs_diff_* ~1e-7),
         # and bf16 is emulated -- 10-20x slower -- on CPUs without AVX-512 BF16/AMX (docs/ppo_trainer.md)
