@@ -67,6 +67,7 @@ from verl.trainer.sft.hf_export import (
     step_dir,
 )
 from verl.utils.config import ConfigError
+from verl.utils.device import collective_device
 
 EXIT_CONFIG_ERROR = 2
 
@@ -160,8 +161,9 @@ def sft_loss_sums(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def _all_reduce_sum(*values: float | torch.Tensor) -> list[float]:
     t = torch.tensor([float(v) for v in values], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.to(collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+    return t.cpu().tolist()
 
 
 # ------------------------------------------------------------------------------------------------ trainer

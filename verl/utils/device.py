@@ -155,6 +155,24 @@ def max_memory_allocated_gb() -> float:
     return get_torch_device().max_memory_allocated() / 1024**3
 
 
+def module_device(module) -> torch.device:
+    """Where ``module``'s parameters live (FSDP2 DTensor parameters report their local device); CPU if none."""
+    for param in module.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def collective_device(group=None) -> torch.device:
+    """The device a tensor must be on for a collective of ``group``: CPU for gloo, the current accelerator for
+    nccl/hccl (which reject CPU tensors)."""
+    import torch.distributed as dist
+
+    backend = dist.get_backend(group) if dist.is_available() and dist.is_initialized() else "gloo"
+    if backend == "gloo":
+        return torch.device("cpu")
+    return torch.device(get_device_name(), get_torch_device().current_device())
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bf16 matmuls natively (AVX-512 BF16 or AMX). Without them torch emulates bf16
     and it is far slower than fp32: on our AVX2-only EPYC hosts a 2048^2 bf16 matmul took 60 s vs 0.12 s in

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from verl.utils.device import collective_device
+
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
@@ -133,7 +135,7 @@ def log_seqlen_unbalance(seqlen_list, partitions, prefix: str = "seqlen") -> dic
 def _agree_max(value: int, group) -> int:
     if group is None or not (dist.is_available() and dist.is_initialized()):
         return value
-    t = torch.tensor([value], dtype=torch.int64)
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return int(t.item())
 
@@ -223,7 +225,8 @@ def global_count(mask: torch.Tensor, per_token: bool, dp_group=None) -> float:
     token-mean (or sequence-mean) over the *global* mini-batch, however it is split into micro-batches and ranks.
     """
     count = mask.sum() if per_token else torch.tensor(mask.shape[0])
-    count = count.detach().to(torch.float64).cpu().reshape(1)
+    count = count.detach().to(torch.float64).reshape(1)
     if dp_group is not None and dist.is_available() and dist.is_initialized():
+        count = count.to(collective_device(dp_group))
         dist.all_reduce(count, group=dp_group)
     return float(count.item())

@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from verl.utils.device import get_dist_backend, set_device
+from verl.utils.device import collective_device, get_dist_backend, set_device
 from verl.workers.rollout.utils import cfg_get
 
 __all__ = ["init_distributed", "build_device_mesh", "load_tokenizer", "max_across_ranks", "min_across_ranks",
@@ -44,17 +44,17 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 def max_across_ranks(values: list[float]) -> list[float]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+    return t.cpu().tolist()
 
 
 def min_across_ranks(values: list[float]) -> list[float]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return t.tolist()
+    return t.cpu().tolist()
 
 
 def wrap_fsdp(module, fsdp_config, device_mesh):

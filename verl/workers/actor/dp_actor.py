@@ -38,6 +38,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import cfg_get, clip_grad_norm_
+from verl.utils.device import module_device
 from verl.utils.padding import pack_batch, remove_padding_mode, response_window, unpack_to_padded, valid_column_span
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
@@ -139,12 +140,13 @@ class DataParallelPPOActor(BasePPOActor):
         micro_batches, partitions = make_micro_batches(batch, micro_bsz, bool(use_dynamic_bsz), max_token_len,
                                                        self.dp_group)
         log_probs, entropys = [], []
+        device = module_device(self.actor_module)  # batches arrive on CPU; results go back there
         with torch.no_grad():
             for micro in micro_batches:
-                entropy, lp = self._forward_micro_batch(micro, temperature, calculate_entropy)
-                log_probs.append(lp)
+                entropy, lp = self._forward_micro_batch(micro.to(device), temperature, calculate_entropy)
+                log_probs.append(lp.cpu())
                 if calculate_entropy:
-                    entropys.append(entropy.float())
+                    entropys.append(entropy.float().cpu())
         log_probs = torch.cat(log_probs, dim=0)
         entropys = torch.cat(entropys, dim=0) if calculate_entropy else None
         if partitions is not None:
@@ -215,7 +217,9 @@ class DataParallelPPOActor(BasePPOActor):
                 micro_batches, _ = make_micro_batches(mini_batch.batch, micro_bsz, use_dynamic_bsz, max_token_len,
                                                       self.dp_group)
                 self.actor_optimizer.zero_grad(set_to_none=True)
+                device = module_device(self.actor_module)
                 for micro in micro_batches:
+                    micro = micro.to(device)
                     mask = micro["response_mask"]
                     entropy, log_prob = self._forward_micro_batch(micro, temperature, calc_entropy)
                     old_log_prob = micro["old_log_probs"]

@@ -19,6 +19,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import cfg_get, clip_grad_norm_
+from verl.utils.device import module_device
 from verl.utils.padding import pack_batch, remove_padding_mode, response_window, unpack_to_padded, valid_column_span
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import masked_mean
@@ -88,8 +89,9 @@ class DataParallelPPOCritic(BasePPOCritic):
         batch = data.batch.select("responses", "input_ids", "attention_mask", "position_ids")
         micro_batches, partitions = make_micro_batches(batch, micro_bsz, bool(use_dynamic_bsz), max_token_len,
                                                        self.dp_group)
+        device = module_device(self.critic_module)  # batches arrive on CPU; values go back there
         with torch.no_grad():
-            values = torch.cat([self._forward_micro_batch(m) for m in micro_batches], dim=0)
+            values = torch.cat([self._forward_micro_batch(m.to(device)).cpu() for m in micro_batches], dim=0)
         if partitions is not None:
             values = restore_dynamic_batch(values, partitions)
         response_length = data.batch["responses"].shape[-1]
@@ -138,7 +140,9 @@ class DataParallelPPOCritic(BasePPOCritic):
                 micro_batches, _ = make_micro_batches(mini_batch.batch, micro_bsz, use_dynamic_bsz, max_token_len,
                                                       self.dp_group)
                 self.critic_optimizer.zero_grad(set_to_none=True)
+                device = module_device(self.critic_module)
                 for micro in micro_batches:
+                    micro = micro.to(device)
                     mask = micro["response_mask"]
                     vpreds = self._forward_micro_batch(micro)
                     vf_loss, vf_clipfrac = compute_value_loss(
