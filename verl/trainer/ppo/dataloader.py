@@ -100,3 +100,19 @@ def build_dataloader(dataset, batch_size: int, sampler=None, collate_fn=None, nu
             pass
     return ResumableDataLoader(dataset, batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last,
                                shuffle=shuffle, seed=seed)
+
+
+def release_loader_workers(loader) -> bool:
+    """Stop a multi-process loader's worker processes now; returns whether there were any.
+
+    A resumable (stateful) loader keeps its current iterator -- and with it the worker processes -- alive so that
+    ``state_dict()`` can read it, until the loader itself is freed. When training stops mid-epoch inside a Ray
+    actor, those workers would only die with the actor, and each death prints a "DataLoader worker ... killed"
+    traceback after a run that finished fine (seen on a GPU machine, where ``dataloader_num_workers`` > 0).
+    """
+    iterator = getattr(loader, "_iterator", None)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if not callable(shutdown) or not getattr(iterator, "_workers", None) or getattr(iterator, "_shutdown", False):
+        return False
+    shutdown()
+    return True

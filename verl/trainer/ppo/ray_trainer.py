@@ -601,7 +601,11 @@ class RayPPOTrainer:
 
     # ----------------------------------------------------------------------------------------- finish
     def _finish(self) -> None:
+        from verl.trainer.ppo.dataloader import release_loader_workers
         from verl.utils.plotting import plot_training_curves
+
+        for loader in (getattr(self, "train_dataloader", None), getattr(self, "val_dataloader", None)):
+            release_loader_workers(loader)
 
         if self.metric_history:
             path = os.path.join(self._checkpoint_root(), PLOT_FILE)
