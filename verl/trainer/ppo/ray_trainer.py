@@ -56,18 +56,17 @@ from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
-    process_validation_metrics,
     reduce_metrics,
 )
 from verl.trainer.ppo.reward import compute_reward, compute_reward_async
 from verl.trainer.ppo.utils import (
-    dump_generations,
     entropy_metric,
     need_critic,
     need_reference_policy,
     need_reward_model,
     rollout_probs_diff_metrics,
 )
+from verl.trainer.ppo.validation import ValidationMixin, _val_metric_names  # noqa: F401 (re-exported)
 from verl.utils.timer import marked_timer
 from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 
@@ -94,7 +93,7 @@ def compute_response_mask(data: DataProto) -> torch.Tensor:
     return data.batch["attention_mask"][:, -response_length:]
 
 
-class RayPPOTrainer:
+class RayPPOTrainer(ValidationMixin):
     """PPO / GRPO driver over Ray worker groups (see the module docstring for the features)."""
 
     def __init__(
@@ -473,68 +472,6 @@ class RayPPOTrainer:
         return freq is not None and freq > 0 and (is_last_step or self.global_steps % freq == 0)
 
     # ------------------------------------------------------------------------------------- validation
-    def _validate(self) -> dict[str, float]:
-        """Greedy (``rollout.val_kwargs``) generation over the validation set, scored by ``val_reward_fn``."""
-        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
-        n_val = int(val_kwargs.get("n", 1))
-        inputs, outputs, scores, data_sources = [], [], [], []
-        extra_infos: dict[str, list] = {"reward": []}
-        for test_data in self.val_dataloader:
-            test_batch = DataProto.from_single_dict(test_data)
-            test_batch = test_batch.repeat(repeat_times=n_val, interleave=True)
-            inputs.extend(self._decode(test_batch.batch["input_ids"]))
-            gen_batch = self._pop_gen_batch(test_batch)
-            gen_batch.meta_info.update({
-                "eos_token_id": self.tokenizer.eos_token_id,
-                "pad_token_id": self.tokenizer.pad_token_id,
-                "recompute_log_prob": False,
-                "do_sample": bool(val_kwargs.get("do_sample", False)),
-                "validate": True,
-            })
-            output = self._generate(gen_batch)
-            outputs.extend(self._decode(output.batch["responses"]))
-            test_batch = test_batch.union(output)
-            test_batch.meta_info["validate"] = True
-            reward_tensor, infos = compute_reward(test_batch, self.val_reward_fn)
-            batch_scores = reward_tensor.sum(-1).cpu().tolist()
-            scores.extend(batch_scores)
-            extra_infos["reward"].extend(batch_scores)
-            for key, values in infos.items():
-                if len(values) == len(batch_scores):
-                    extra_infos.setdefault(key, []).extend(values)
-            data_sources.append(test_batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch_scores), dtype=object)))
-
-        self._maybe_log_val_generations(inputs, outputs, scores)
-        val_dir = self.config.trainer.get("validation_data_dir", None)
-        if val_dir:
-            dump_generations(inputs, outputs, scores, extra_infos, val_dir, self.global_steps)
-        extra_infos = {k: v for k, v in extra_infos.items() if len(v) == len(scores)}
-        per_source = process_validation_metrics(np.concatenate(data_sources, axis=0), inputs, extra_infos)
-        return _val_metric_names(per_source)
-
-    def _decode(self, ids: torch.Tensor) -> list[str]:
-        return [self.tokenizer.decode(row, skip_special_tokens=True) for row in ids]
-
-    def _maybe_log_val_generations(self, inputs, outputs, scores) -> None:
-        n = int(self.config.trainer.get("log_val_generations", 0) or 0)
-        if n <= 0 or self.logger is None:
-            return
-        samples = sorted(zip(inputs, outputs, scores), key=lambda x: x[0])
-        np.random.RandomState(42).shuffle(samples)
-        self.validation_generations_logger.log(list(self.config.trainer.logger), samples[:n], self.global_steps,
-                                               tracker=self.logger)
-
-    def _maybe_dump_rollouts(self, batch: DataProto, timing_raw: dict) -> None:
-        path = self.config.trainer.get("rollout_data_dir", None)
-        if not path:
-            return
-        with marked_timer("dump_rollout_generations", timing_raw):
-            inputs = self._decode(batch.batch["prompts"])
-            outputs = self._decode(batch.batch["responses"])
-            scores = batch.batch["token_level_scores"].sum(-1).cpu().tolist()
-            extra = {k: list(v) for k, v in batch.non_tensor_batch.items() if k in ("uid", "data_source", "acc")}
-            dump_generations(inputs, outputs, scores, extra, path, self.global_steps)
-
     # ------------------------------------------------------------------------------------ checkpoints
     def _checkpoint_root(self) -> str:
         return os.path.abspath(os.path.expanduser(str(self.config.trainer.default_local_dir)))
@@ -621,18 +558,3 @@ def _plottable(metrics: dict) -> dict:
 
     names = {name for names in PLOT_PANELS.values() for name in names}
     return {k: float(v) for k, v in metrics.items() if k in names}
-
-
-def _val_metric_names(per_source: dict) -> dict[str, float]:
-    """verl's layout: ``val-core/<source>/<var>/<metric>`` for the headline metric (mean/maj/best at the
-    largest N of ``acc`` if present, else ``reward``), ``val-aux/...`` for the rest."""
-    out = {}
-    for source, var2metric in per_source.items():
-        core_var = "acc" if "acc" in var2metric else "reward"
-        for var_name, metric2val in var2metric.items():
-            n_max = max(int(name.split("@")[-1].split("/")[0]) for name in metric2val)
-            for metric_name, value in metric2val.items():
-                core = (var_name == core_var and metric_name.startswith(("mean", "maj", "best"))
-                        and f"@{n_max}" in metric_name)
-                out[f"{'val-core' if core else 'val-aux'}/{source}/{var_name}/{metric_name}"] = value
-    return out
