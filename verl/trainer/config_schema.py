@@ -322,10 +322,11 @@ def warn_slow_cpu_bf16(config: DictConfig, use_critic: bool = True, use_ref: boo
     from verl.utils.device import cpu_has_native_bf16
 
     keys = slow_half_precision_keys(config, use_critic, use_ref)
-    if keys and not cpu_has_native_bf16():
-        print(f"warning: this CPU has no native bf16 (no AVX-512 BF16/AMX), so half precision is emulated and runs "
-              f"10-20x slower than fp32 here; set {' '.join(k + '=fp32' for k in keys)} (see docs/ppo_trainer.md)")
-    return keys if keys and not cpu_has_native_bf16() else []
+    if not keys or cpu_has_native_bf16():
+        return []
+    print(f"warning: this CPU has no native bf16 (no AVX-512 BF16/AMX), so half precision is emulated and runs "
+          f"10-20x slower than fp32 here; set {' '.join(k + '=fp32' for k in keys)} (see docs/ppo_trainer.md)")
+    return keys
 
 
 def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan:

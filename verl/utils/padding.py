@@ -111,3 +111,14 @@ def response_window(seqlen: int, response_length: int, lo: int, hi: int) -> tupl
     start, end = seqlen - response_length - 1, seqlen - 1
     s, e = max(start, lo), min(end, hi - 1)
     return s, max(s, e)
+
+
+def place_response_window(part: torch.Tensor, response_length: int, first: int) -> torch.Tensor:
+    """Per-position values ``part`` (B, e - s) of the computed window -> (B, response_length), starting at response
+    column ``first``, zeros elsewhere (those columns are padding in every row). ``part`` itself when it already
+    covers the whole response."""
+    if part.shape[1] == response_length:
+        return part
+    out = part.new_zeros(part.shape[0], response_length)
+    out[:, first : first + part.shape[1]] = part
+    return out

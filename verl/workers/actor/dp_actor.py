@@ -39,7 +39,8 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.fsdp_utils import cfg_get, clip_grad_norm_
 from verl.utils.device import module_device
-from verl.utils.padding import pack_batch, remove_padding_mode, response_window, unpack_to_padded, valid_column_span
+from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
+                                unpack_to_padded, valid_column_span)
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.base import BasePPOActor
@@ -94,17 +95,11 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
                         position_ids=position_ids[..., lo:hi], use_cache=False)
         logits = output.logits[:, s - lo : e - lo, :] / temperature
         first = s - (seqlen - response_length - 1)  # response column of position s
-        part = logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1])
-        if (e - s) == response_length:
-            log_probs = part
-        else:  # positions outside the computed columns are padding: 0 there
-            log_probs = part.new_zeros(batch, response_length)
-            log_probs[:, first : first + (e - s)] = part
+        log_probs = place_response_window(logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1]),
+                                          response_length, first)
         if calculate_entropy:
             ent = entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
-            entropy = ent if (e - s) == response_length else ent.new_zeros(batch, response_length)
-            if (e - s) != response_length:
-                entropy[:, first : first + (e - s)] = ent
+            entropy = place_response_window(ent, response_length, first)
     return entropy, log_probs.float()
 
 

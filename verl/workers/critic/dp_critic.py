@@ -20,7 +20,8 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import cfg_get, clip_grad_norm_
 from verl.utils.device import module_device
-from verl.utils.padding import pack_batch, remove_padding_mode, response_window, unpack_to_padded, valid_column_span
+from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
+                                unpack_to_padded, valid_column_span)
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.dp_actor import _item, default_dp_group, dp_world_size
@@ -57,13 +58,8 @@ def forward_values(module: nn.Module, micro_batch, use_remove_padding: bool = Fa
     s, e = response_window(seqlen, response_length, lo, hi)
     values = _token_values(module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
                                   position_ids=micro_batch["position_ids"][..., lo:hi], use_cache=False))
-    part = values[:, s - lo : e - lo].float()
-    if (e - s) == response_length:
-        return part
-    out = part.new_zeros(batch, response_length)
-    first = s - (seqlen - response_length - 1)
-    out[:, first : first + (e - s)] = part
-    return out
+    return place_response_window(values[:, s - lo : e - lo].float(), response_length,
+                                 s - (seqlen - response_length - 1))
 
 
 class DataParallelPPOCritic(BasePPOCritic):
