@@ -26,17 +26,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from bench_prompts import left_padded_prompts  # noqa: E402
+
 from verl.protocol import DataProto  # noqa: E402
 
 
 def make_prompts(tokenizer, count: int, seed: int = 0) -> DataProto:
     rng = random.Random(seed)
-    texts = [f"{rng.randint(0, 99)}{rng.choice('+-*')}{rng.randint(0, 99)}=" for _ in range(count)]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    return DataProto.from_dict({"input_ids": enc["input_ids"], "attention_mask": mask,
-                                "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0)})
+    return left_padded_prompts(tokenizer, [f"{rng.randint(0, 99)}{rng.choice('+-*')}{rng.randint(0, 99)}="
+                                           for _ in range(count)])
 
 
 def bench_size(size: str, args, root: str) -> dict:

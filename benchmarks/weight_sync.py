@@ -27,18 +27,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from bench_prompts import left_padded_prompts  # noqa: E402
+
 from verl.protocol import DataProto  # noqa: E402
 
 ROWS = 32 * 4
 
 
 def make_prompts(tokenizer, count: int) -> DataProto:
-    texts = [f"{i % 97}+{(7 * i) % 89}=" for i in range(count)]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True)
-    mask = enc["attention_mask"]
-    return DataProto.from_dict({"input_ids": enc["input_ids"], "attention_mask": mask,
-                                "position_ids": torch.clamp(mask.cumsum(-1) - 1, min=0)})
+    return left_padded_prompts(tokenizer, [f"{i % 97}+{(7 * i) % 89}=" for i in range(count)])
 
 
 def main(argv=None):
