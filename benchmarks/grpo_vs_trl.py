@@ -129,7 +129,8 @@ def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr:
     return {"step_s": result["step_s"], "length": result["mean_completion_length"]}
 
 
-def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, workers: int, out: Path) -> dict:
+def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, workers: int, out: Path,
+             rollout: str = "vllm", extra: tuple = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rows = PROMPTS_PER_STEP * SAMPLES
     args = [
@@ -148,7 +149,7 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
         f"actor_rollout_ref.actor.fsdp_config.dtype={'bfloat16' if dtype == 'bf16' else 'fp32'}",
-        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.name={rollout}",
         f"actor_rollout_ref.rollout.dtype={'bfloat16' if dtype == 'bf16' else 'float32'}",
         f"actor_rollout_ref.rollout.n={SAMPLES}",
         "actor_rollout_ref.rollout.ignore_eos=True",
@@ -164,6 +165,7 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",
         f"trainer.total_training_steps={steps}",
+        *extra,
     ]
     metrics_path = out / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
@@ -202,6 +204,8 @@ def main(argv=None):
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "verl_grpo_vs_trl"))
     parser.add_argument("--skip_trl", action="store_true")
     parser.add_argument("--skip_ours", action="store_true")
+    parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"], help="our rollout engine")
+    parser.add_argument("--ours_extra", nargs="*", default=[], help="extra key=value overrides for our run")
     args = parser.parse_args(argv)
 
     work = Path(args.workdir)
@@ -218,7 +222,8 @@ def main(argv=None):
                 out = work / f"{name}-{dtype}-{side}"
                 start = time.perf_counter()
                 if side == "ours":
-                    res = run_ours(assets, spec["tokens"], dtype, args.steps, args.lr, args.workers, out)
+                    res = run_ours(assets, spec["tokens"], dtype, args.steps, args.lr, args.workers, out, args.rollout,
+                                   tuple(args.ours_extra))
                 else:
                     res = run_trl(trl_python, assets, spec["tokens"], dtype, args.steps, args.lr, out)
                 row[side] = median_after_first(res["step_s"])

@@ -79,10 +79,25 @@ def test_good_config_passes_and_plans_roles(assets):
     (["critic.model.path=/nonexistent/critic"], r"critic.model.path: model not found: /nonexistent/critic"),
     (["trainer.device=cuda"], r"trainer.device=cuda"),
     (["actor_rollout_ref.actor.strategy=deepspeed"], r"strategy='deepspeed' is not one of"),
+    (["algorithm.rollout_correction.rollout_is=tok"], r"rollout_correction.rollout_is='tok' is not one of: None, token"),
+    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
+     r"rollout_is_threshold=0 must be a number > 0"),
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.bypass_mode=true"],
+     r"rollout_is='sequence' needs algorithm.rollout_correction.bypass_mode=false"),
+    (["algorithm.rollout_correction.bypass_mode=maybe"], r"bypass_mode='maybe' must be true or false"),
+    (["algorithm.rollout_correction.rollout_rs=token"], r"rollout_correction.rollout_rs='token' is not supported.*leave it null"),
+    (["algorithm.rollout_correction.use_policy_gradient=true"], r"use_policy_gradient=True is not supported"),
 ])
 def test_bad_values_raise_config_error(assets, extra, pattern):
     with pytest.raises(ConfigError, match=pattern):
         validate_ppo_config(composed(good_overrides(assets) + extra))
+
+
+def test_rollout_correction_modes_pass(assets):
+    for extra in (["algorithm.rollout_correction.bypass_mode=true"],
+                  ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=5"]):
+        plan = validate_ppo_config(composed(good_overrides(assets) + extra))
+        assert plan.algorithm.rollout_correction["bypass_mode"] == ("bypass_mode" in extra[0])
 
 
 def test_missing_rollout_name_is_explained(assets):

@@ -102,20 +102,29 @@ def run_main(run_dir: Path, args, **env_extra):
 def test_grpo_vllm_rollout_matches_trainer_every_step(assets, tmp_path):
     # load_format=dummy (verl's default): the engine starts with random weights, so step 1 is only right if the
     # first push happened
-    metrics = run_main(tmp_path / "synced", grpo_args(assets, "actor_rollout_ref.rollout.load_format=dummy"))
+    # first push happened. Decoupled truncated IS on (rollout_is=token): with the engine in sync every weight
+    # pi_old/pi_rollout is 1 up to float rounding.
+    metrics = run_main(tmp_path / "synced", grpo_args(assets, "actor_rollout_ref.rollout.load_format=dummy",
+                                                      "algorithm.rollout_correction.rollout_is=token"))
     assert sorted(metrics) == list(range(1, STEPS + 1))
     for step, m in metrics.items():
         assert m["training/rollout_probs_diff_max"] <= 1e-3, (step, m["training/rollout_probs_diff_max"])
         assert m["response_length/mean"] > 0 and m["timing_s/gen"] > 0
+        assert m["timing_s/old_log_prob"] > 0
+        for key in ("rollout_corr/rollout_is_max", "rollout_corr/rollout_is_min"):
+            assert abs(m[key] - 1.0) <= 1e-3, (step, key, m[key])
     # the actor really moved (otherwise "in sync" would prove nothing)
     assert any(abs(m["actor/pg_loss"]) > 0 or m.get("actor/grad_norm", 0) > 0 for m in metrics.values())
 
 
-def test_skip_weight_sync_is_caught_by_probs_diff(assets, tmp_path):
+@pytest.mark.parametrize("bypass", [False, True], ids=["recompute", "bypass"])
+def test_skip_weight_sync_is_caught_by_probs_diff(assets, tmp_path, bypass):
     # engine starts from the checkpoint (load_format=auto): right at step 1, stale once the actor has moved.
     # One worker is enough here (and starts faster than two on a 2-core machine); a larger lr makes the move clear.
+    # bypass: the metric comes from the update's first forward instead of the old_log_prob pass, and still sees it
     metrics = run_main(tmp_path / "stale",
-                       grpo_args(assets, "actor_rollout_ref.rollout.load_format=auto", workers=1, lr=1e-2),
+                       grpo_args(assets, "actor_rollout_ref.rollout.load_format=auto",
+                                 f"algorithm.rollout_correction.bypass_mode={bypass}", workers=1, lr=1e-2),
                        VERL_DEBUG_SKIP_WEIGHT_SYNC="1")
     assert sorted(metrics) == list(range(1, STEPS + 1))
     diffs = [metrics[s]["training/rollout_probs_diff_max"] for s in range(1, STEPS + 1)]
@@ -125,3 +134,18 @@ def test_skip_weight_sync_is_caught_by_probs_diff(assets, tmp_path):
     # staleness grows as the actor keeps moving
     assert all(d > 1e-3 for d in diffs[1:]), diffs
     assert diffs[-1] > 5e-3, diffs
+
+
+def test_grpo_bypass_mode_skips_old_log_prob_pass(assets, tmp_path):
+    """algorithm.rollout_correction.bypass_mode=True on two workers: no trainer log-prob pass (no old_log_prob
+    timing), yet the sync metric and actor/entropy are reported every step from the update's first forward,
+    over every row of the batch (one mini-batch), concatenated from both ranks."""
+    metrics = run_main(tmp_path / "bypass", grpo_args(assets, "algorithm.rollout_correction.bypass_mode=True"))
+    assert sorted(metrics) == list(range(1, STEPS + 1))
+    for step, m in metrics.items():
+        assert "timing_s/old_log_prob" not in m, step
+        assert m["training/rollout_probs_diff_max"] <= 1e-3, (step, m["training/rollout_probs_diff_max"])
+        assert m["training/rollout_probs_diff_rows"] == 8 * 4  # train_batch_size x n, all in the first mini-batch
+        assert m["actor/entropy"] > 0
+        assert abs(m["actor/ppo_kl"]) <= 1e-4  # pi_theta vs pi_rollout on the first (pre-step) forward
+    assert any(abs(m["actor/pg_loss"]) > 0 for m in metrics.values())

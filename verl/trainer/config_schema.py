@@ -98,6 +98,8 @@ class AlgoConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     use_pf_ppo: bool = False
     pf_ppo: dict = field(default_factory=lambda: {"reweight_method": "pow", "weight_pow": 2.0})
+    rollout_correction: dict = field(default_factory=lambda: {"bypass_mode": False, "rollout_is": None,
+                                                              "rollout_is_threshold": 2.0})
 
 
 @dataclass
@@ -276,7 +278,33 @@ UNSUPPORTED = [
     ("critic.checkpoint.async_save", lambda v: not v, "async checkpoint saving is not available; use False"),
     ("actor_rollout_ref.rollout.quantization_config_file", lambda v: v is None, "quantized rollout is not available; leave it null"),
     ("trainer.default_hdfs_dir", lambda v: v is None, "HDFS is not supported; leave it null and use trainer.default_local_dir"),
+    ("algorithm.rollout_correction.rollout_rs", lambda v: v is None, "rejection sampling is not available; leave it null"),
+    ("algorithm.rollout_correction.rollout_rs_threshold", lambda v: v is None, "rejection sampling is not available; leave it null"),
+    ("algorithm.rollout_correction.rollout_rs_threshold_lower", lambda v: v is None, "rejection sampling is not available; leave it null"),
+    ("algorithm.rollout_correction.rollout_token_veto_threshold", lambda v: v is None, "the token veto is not available; leave it null"),
+    ("algorithm.rollout_correction.rollout_is_batch_normalize", lambda v: not v, "batch-normalized IS weights are not available; use False"),
+    ("algorithm.rollout_correction.use_policy_gradient", lambda v: not v, "the pure policy-gradient loss is not available; use False (PPO loss)"),
 ]
+
+
+def _check_rollout_correction(config: DictConfig) -> None:
+    """``algorithm.rollout_correction``: bypass mode and truncated IS (verl.trainer.ppo.rollout_corr)."""
+    from verl.trainer.ppo.rollout_corr import IS_LEVELS
+
+    key = "algorithm.rollout_correction"
+    bypass = _get(config, f"{key}.bypass_mode")
+    if bypass is not None and not isinstance(bypass, bool):
+        raise ConfigError(f"{key}.bypass_mode={bypass!r} must be true or false")
+    level = _get(config, f"{key}.rollout_is")
+    _check_choice(f"{key}.rollout_is", level, IS_LEVELS)
+    threshold = _get(config, f"{key}.rollout_is_threshold")
+    if level is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                              or not threshold > 0):
+        raise ConfigError(f"{key}.rollout_is_threshold={threshold!r} must be a number > 0 (the upper truncation "
+                          "of the IS weights; verl's default is 2.0)")
+    if bypass and level is not None:
+        raise ConfigError(f"{key}.rollout_is={level!r} needs {key}.bypass_mode=false: in bypass mode old_log_probs "
+                          "already are the rollout's, so the PPO ratio itself is pi_theta/pi_rollout")
 
 
 def _check_pf_ppo(config: DictConfig) -> None:
@@ -387,6 +415,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     for backend in _as_list(_get(config, "trainer.logger")):
         _check_choice("trainer.logger", backend, LOGGERS)
     _check_pf_ppo(config)
+    _check_rollout_correction(config)
 
     for key, ok, fix in UNSUPPORTED:
         value = _get(config, key)

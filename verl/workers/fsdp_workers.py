@@ -287,6 +287,9 @@ class ActorRolloutRefWorker(Worker):
             self.actor_lr_scheduler.step()
         metrics.update(memory_metrics())
         self._weights_changed()
+        on_policy = getattr(self.actor, "last_on_policy", None)  # bypass mode: the update's first-forward scores
+        if on_policy is not None:
+            return DataProto.from_dict(tensors=on_policy, meta_info={"metrics": metrics})
         return DataProto(meta_info={"metrics": metrics})
 
     # ----------------------------------------------------------------------------------- checkpoints

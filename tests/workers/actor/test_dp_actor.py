@@ -231,6 +231,47 @@ def test_truncated_importance_sampling_is_opt_in():
     assert grads["cap2"] == pytest.approx(2 * grads["off"], rel=1e-4)  # weight min(e, 2) = 2
 
 
+@pytest.mark.parametrize("mode", ["trim", "padded"])
+def test_bypass_mode_reports_first_forward_log_probs(mode, monkeypatch):
+    """meta_info bypass_mode: the rows of the first mini-batch (shuffled, 2 mini-batches, 2 epochs) come back with
+    the log-probs/entropies of the weights before the update (= compute_log_prob then), the other rows flagged
+    off; the update itself is unchanged (same parameters as without the flag)."""
+    monkeypatch.setenv("VERL_REMOVE_PADDING_MODE", mode)
+    b = make_batch(8, 6, 5, seed=11)
+    mask = b["response_mask"].bool()
+    cfg = actor_config(use_remove_padding=mode == "trim", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=3,
+                       ppo_epochs=2, shuffle=True, log_prob_micro_batch_size_per_gpu=8)
+    states = {}
+    for bypass in (False, True):
+        model = tiny_model(seed=5)
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        before_lp, before_ent = actor.compute_log_prob(DataProto.from_dict(copy.deepcopy(b),
+                                                                           meta_info={"temperature": TEMP}),
+                                                       calculate_entropy=True)
+        meta = {"temperature": TEMP, "bypass_mode": bypass}
+        actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info=meta))
+        states[bypass] = {k: v.clone() for k, v in model.state_dict().items()}
+        if not bypass:
+            assert actor.last_on_policy is None
+            continue
+        got = actor.last_on_policy
+        rows = got["on_policy_rows"]
+        assert int(rows.sum()) == 4  # one mini-batch of the 8 rows
+        # shuffle=True: the first mini-batch is not simply rows 0..3 (seeded permutation)
+        gen = torch.Generator().manual_seed(42)
+        expected_rows = torch.zeros(8, dtype=torch.bool)
+        expected_rows[torch.randperm(8, generator=gen)[:4]] = True
+        assert torch.equal(rows, expected_rows)
+        sel = mask & rows[:, None]
+        assert (got["on_policy_log_probs"] - before_lp)[sel].abs().max() <= 1e-6
+        assert (got["on_policy_entropys"] - before_ent)[sel].abs().max() <= 1e-6
+        assert got["on_policy_log_probs"][~rows].abs().sum() == 0
+        after_lp, _ = actor.compute_log_prob(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": TEMP}))
+        assert (after_lp - before_lp)[mask].abs().max() > 1e-4  # the weights did move: the capture is pre-update
+    for k in states[False]:
+        assert torch.equal(states[False][k], states[True][k]), k
+
+
 def test_gradient_checkpointing_epochs_and_shuffle():
     """Activation checkpointing changes nothing numerically; ppo_epochs x mini-batches optimizer steps."""
     from verl.utils.fsdp_utils import enable_gradient_checkpointing

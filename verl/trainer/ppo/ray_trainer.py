@@ -52,6 +52,7 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, prune_checkpoints, step_folder
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.dataloader import build_dataloader
+from verl.trainer.ppo.rollout_corr import compute_rollout_is_weights, on_policy_metrics
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -323,8 +324,23 @@ class RayPPOTrainer(ValidationMixin):
             with marked_timer("reward", timing_raw, color="yellow"):
                 batch, future_reward = self._launch_reward(batch)
 
-        with marked_timer("old_log_prob", timing_raw, color="blue"):
-            batch = batch.union(self._compute_old_log_prob(batch, metrics))
+        correction = cfg.algorithm.get("rollout_correction", None) or {}
+        bypass = bool(correction.get("bypass_mode", False))
+        if bypass:  # the rollout's log-probs are old_log_probs; no separate trainer pass (see rollout_corr.py)
+            if "rollout_log_probs" not in batch.batch.keys():
+                raise RuntimeError("algorithm.rollout_correction.bypass_mode=True needs rollout_log_probs from the "
+                                   "rollout engine; this rollout returned none")
+            batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+            batch.meta_info["bypass_mode"] = True
+        else:
+            with marked_timer("old_log_prob", timing_raw, color="blue"):
+                batch = batch.union(self._compute_old_log_prob(batch, metrics))
+            if correction.get("rollout_is", None) and "rollout_log_probs" in batch.batch.keys():
+                weights, is_metrics = compute_rollout_is_weights(
+                    batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"],
+                    correction["rollout_is"], float(correction.get("rollout_is_threshold", 2.0)))
+                batch.batch["rollout_is_weights"] = weights
+                metrics.update(is_metrics)
         if self.use_reference_policy:
             with marked_timer("ref", timing_raw, color="olive"):
                 batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
@@ -345,6 +361,10 @@ class RayPPOTrainer(ValidationMixin):
                 batch.meta_info["multi_turn"] = False
                 actor_output = self.actor_rollout_wg.update_actor(batch)
             metrics.update(reduce_metrics(actor_output.meta_info["metrics"]))
+            if bypass and actor_output.batch is not None and len(actor_output) == len(batch):
+                metrics.update(on_policy_metrics(actor_output.batch, batch.batch.get("rollout_log_probs", None),
+                                                 batch.batch["response_mask"],
+                                                 cfg.actor_rollout_ref.actor.loss_agg_mode))
         return batch
 
     # ----------------------------------------------------------------------------------- step pieces

@@ -15,7 +15,13 @@ Features and how to turn them on (keys of ``actor_rollout_ref.actor``; ``ref`` r
   ``kl_loss_type`` (needs ``ref_log_prob`` in the batch);
 - truncated importance sampling against the rollout engine: ``tis_imp_ratio_cap`` > 0 with
   ``rollout_log_probs`` in the batch (off by default), or precomputed ``rollout_is_weights`` in the batch;
-- ``ppo_epochs``, ``shuffle`` (with ``data_loader_seed``), gradient clipping ``grad_clip`` (or ``optim.clip_grad``).
+- ``ppo_epochs``, ``shuffle`` (with ``data_loader_seed``), gradient clipping ``grad_clip`` (or ``optim.clip_grad``);
+- bypass mode (``algorithm.rollout_correction.bypass_mode``; the trainer sets ``meta_info["bypass_mode"]`` and
+  has put the rollout's log-probs in ``old_log_probs``): the rows of the first mini-batch of the first epoch are
+  scored before any optimizer step, so their log-probs and entropies are the trainer's current ones.
+  ``update_policy`` keeps them in ``last_on_policy`` (``on_policy_log_probs``, ``on_policy_entropys``,
+  ``on_policy_rows``) in the input's row order; the trainer turns them into ``training/rollout_probs_diff_*``
+  and ``actor/entropy`` without a separate log-prob pass.
 
 Batch sizes are per rank: the worker has already turned ``ppo_mini_batch_size`` (prompts, global) into rows
 per rank (``* rollout_n // dp_size``), as verl's workers do.
@@ -63,12 +69,19 @@ def dp_world_size(group) -> int:
     return dist.get_world_size(group) if group is not None else 1
 
 
+def _entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
+    if not with_grad:
+        logits = logits.detach()
+    return entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+
+
 def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, calculate_entropy: bool = False,
-                      use_remove_padding: bool = False):
+                      use_remove_padding: bool = False, entropy_grad: bool = True):
     """Log-probs (and entropies) of the response tokens of one micro-batch: returns ``(entropy, log_probs)``.
 
     ``micro_batch`` holds ``input_ids``, ``attention_mask``, ``position_ids`` (B, T) and ``responses`` (B, R);
     the response occupies the last R columns. Logits are divided by ``temperature`` before the softmax.
+    ``entropy_grad=False`` computes the entropy from detached logits (a metric only: no graph is kept for it).
     """
     input_ids = micro_batch["input_ids"]
     attention_mask = micro_batch["attention_mask"]
@@ -85,7 +98,7 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
         log_probs = unpack_to_padded(logprobs_from_logits(logits, labels), indices, batch, seqlen)
         log_probs = log_probs[:, -response_length - 1 : -1]
         if calculate_entropy:
-            ent = entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+            ent = _entropy(logits, entropy_grad)
             entropy = unpack_to_padded(ent, indices, batch, seqlen)[:, -response_length - 1 : -1]
     else:
         # "trim": compute only the columns that hold a valid token in some row; "padded": every column
@@ -98,7 +111,7 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
         log_probs = place_response_window(logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1]),
                                           response_length, first)
         if calculate_entropy:
-            ent = entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+            ent = _entropy(logits, entropy_grad)
             entropy = place_response_window(ent, response_length, first)
     return entropy, log_probs.float()
 
@@ -113,11 +126,13 @@ class DataParallelPPOActor(BasePPOActor):
         self.actor_optimizer = actor_optimizer
         self.dp_group = dp_group if dp_group is not None else default_dp_group()
         self.use_remove_padding = bool(cfg_get(config, "use_remove_padding", False))
+        self.last_on_policy: dict | None = None  # bypass mode: see update_policy
 
     # ------------------------------------------------------------------------------------------- scoring
-    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool = False):
+    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool = False,
+                             entropy_grad: bool = True):
         return forward_log_probs(self.actor_module, micro_batch, temperature, calculate_entropy,
-                                 self.use_remove_padding)
+                                 self.use_remove_padding, entropy_grad)
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
         """(log_probs (B, R), entropys (B, R) or None) under the current weights, no gradients."""
@@ -203,10 +218,22 @@ class DataParallelPPOActor(BasePPOActor):
             if optional in data.batch.keys():
                 keys.append(optional)
         data = DataProto(batch=data.batch.select(*keys), meta_info=dict(data.meta_info))
+        # bypass mode (old_log_probs are the rollout's): keep the trainer's log-probs and entropies of the rows
+        # scored before the first optimizer step, for the sync metric and actor/entropy (see module docstring)
+        capture = bool(data.meta_info.get("bypass_mode", False))
+        captured = None
+        if capture:
+            n_rows, resp_len = data.batch["responses"].shape
+            data.batch["_row"] = torch.arange(n_rows)
+            captured = {"on_policy_log_probs": torch.zeros(n_rows, resp_len),
+                        "on_policy_entropys": torch.zeros(n_rows, resp_len),
+                        "on_policy_rows": torch.zeros(n_rows, dtype=torch.bool)}
+        self.last_on_policy = None
 
         metrics = defaultdict(list)
         for epoch in range(int(cfg_get(cfg, "ppo_epochs", 1))):
-            for mini_batch in self._mini_batches(data, epoch):
+            for mb_index, mini_batch in enumerate(self._mini_batches(data, epoch)):
+                capture_now = capture and epoch == 0 and mb_index == 0
                 per_token = loss_agg_mode == "token-mean"
                 total = global_count(mini_batch.batch["response_mask"], per_token, self.dp_group)
                 micro_batches, _ = make_micro_batches(mini_batch.batch, micro_bsz, use_dynamic_bsz, max_token_len,
@@ -216,7 +243,13 @@ class DataParallelPPOActor(BasePPOActor):
                 for micro in micro_batches:
                     micro = micro.to(device)
                     mask = micro["response_mask"]
-                    entropy, log_prob = self._forward_micro_batch(micro, temperature, calc_entropy)
+                    entropy, log_prob = self._forward_micro_batch(micro, temperature, calc_entropy or capture_now,
+                                                                  entropy_grad=entropy_coeff != 0)
+                    if capture_now:
+                        rows = micro["_row"].cpu()
+                        captured["on_policy_log_probs"][rows] = log_prob.detach().float().cpu()
+                        captured["on_policy_entropys"][rows] = entropy.detach().float().cpu()
+                        captured["on_policy_rows"][rows] = True
                     old_log_prob = micro["old_log_probs"]
                     is_weights = None
                     if "rollout_is_weights" in micro.keys():
@@ -246,4 +279,5 @@ class DataParallelPPOActor(BasePPOActor):
                     metrics["actor/ppo_kl"].append(_item(ppo_kl))
                     metrics["actor/pg_clipfrac_lower"].append(_item(pg_clipfrac_lower))
                 metrics["actor/grad_norm"].append(self._optimizer_step())
+        self.last_on_policy = captured
         return dict(metrics)
