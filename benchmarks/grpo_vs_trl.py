@@ -6,8 +6,11 @@ Identical work per step, both sides: the same model weights (``make_model_dir``)
 x 4 samples (temperature 1, no top-k/top-p), every completion forced to the same length (``tiny``: 4 tokens,
 ``small``: 32 tokens; ours ``rollout.ignore_eos=True``, TRL ``min_new_tokens``), the same reward function
 (share of digits in the completion), one optimizer step per 128 completions (AdamW, same lr, weight decay 0.01,
-grad clip 1.0), no KL term (ours: no reference model; TRL ``beta=0``). Each side runs in one process with both
-cores (ours: ``trainer.n_gpus_per_node=1``).
+grad clip 1.0), no KL term (ours: no reference model; TRL ``beta=0``), and no separate old-log-prob forward
+(TRL with ``num_iterations=1`` uses the current policy's detached log-probs; ours by default runs
+``algorithm.rollout_correction.bypass_mode=True``, i.e. the engine's log-probs, which are the same numbers up to
+float rounding when the weights are in sync; ``--old_log_prob recompute`` runs verl's default extra pass).
+Each side runs in one process with both cores (ours: ``trainer.n_gpus_per_node=1``).
 
 Reported: the median seconds per step over steps 2..N (start-up -- imports, Ray, engine init -- excluded on both
 sides), and TRL / ours (> 1 means ours is faster). Targets: ``small`` >= 2x faster than TRL at TRL's best
@@ -130,7 +133,7 @@ def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr:
 
 
 def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, workers: int, out: Path,
-             rollout: str = "vllm", extra: tuple = ()) -> dict:
+             rollout: str = "vllm", extra: tuple = (), old_log_prob: str = "bypass") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rows = PROMPTS_PER_STEP * SAMPLES
     args = [
@@ -165,6 +168,8 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",
         f"trainer.total_training_steps={steps}",
+        # bypass: old_log_probs = the engine's (TRL with num_iterations=1 has no old-log-prob pass either)
+        f"algorithm.rollout_correction.bypass_mode={old_log_prob == 'bypass'}",
         *extra,
     ]
     metrics_path = out / "metrics.jsonl"
@@ -205,6 +210,9 @@ def main(argv=None):
     parser.add_argument("--skip_trl", action="store_true")
     parser.add_argument("--skip_ours", action="store_true")
     parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"], help="our rollout engine")
+    parser.add_argument("--old_log_prob", default="bypass", choices=["bypass", "recompute"],
+                        help="ours: rollout log-probs as old_log_probs (bypass_mode, TRL's work) or verl's default "
+                             "trainer recompute (one more forward per step)")
     parser.add_argument("--ours_extra", nargs="*", default=[], help="extra key=value overrides for our run")
     args = parser.parse_args(argv)
 
@@ -223,7 +231,7 @@ def main(argv=None):
                 start = time.perf_counter()
                 if side == "ours":
                     res = run_ours(assets, spec["tokens"], dtype, args.steps, args.lr, args.workers, out, args.rollout,
-                                   tuple(args.ours_extra))
+                                   tuple(args.ours_extra), args.old_log_prob)
                 else:
                     res = run_trl(trl_python, assets, spec["tokens"], dtype, args.steps, args.lr, out)
                 row[side] = median_after_first(res["step_s"])
