@@ -52,7 +52,6 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, prune_checkpoints, step_folder
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.dataloader import build_dataloader
-from verl.trainer.ppo.rollout_corr import compute_rollout_is_weights, on_policy_metrics
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -60,6 +59,7 @@ from verl.trainer.ppo.metric_utils import (
     reduce_metrics,
 )
 from verl.trainer.ppo.reward import compute_reward, compute_reward_async
+from verl.trainer.ppo.rollout_corr import compute_rollout_is_weights, on_policy_metrics
 from verl.trainer.ppo.utils import (
     entropy_metric,
     need_critic,
