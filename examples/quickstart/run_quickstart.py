@@ -152,9 +152,9 @@ def main(argv=None) -> None:
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    # Idle OpenMP threads sleep instead of spinning: on a small or busy machine, spinning threads of one process
-    # (the trainer, vLLM) steal the cores the others need; measured 3-4x faster actor updates on 2 busy cores.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OMP_WAIT_POLICY is left to the user. PASSIVE (idle OpenMP threads sleep at once) measured 3-4x faster actor
+    # updates on 2 cores shared with other busy jobs, but 2.3x slower GRPO steps on an idle machine (every
+    # parallel region then pays a wake-up); the OpenMP default (spin briefly, then sleep) is right when idle.
     # Ray starts its workers at nice 15; next to other busy processes they then get a sliver of the CPU (measured
     # 30x slower actor updates on a shared 2-core machine). No effect on an otherwise idle machine.
     env.setdefault("RAY_worker_niceness", "0")

@@ -9,7 +9,8 @@ PY="${PY:-$ROOT/.venv/bin/python}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING="${VLLM_ENABLE_V1_MULTIPROCESSING:-0}" VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_CPU_NUM_OF_RESERVED_CPU="${VLLM_CPU_NUM_OF_RESERVED_CPU:-0}"
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"   # idle OpenMP threads sleep: much faster on small or busy machines
+# OMP_WAIT_POLICY: left unset (OpenMP's spin-then-sleep default is fastest on an idle machine; PASSIVE helps only
+# when the cores are shared with other busy jobs, and made idle-machine GRPO steps 2.3x slower)
 export RAY_worker_niceness="${RAY_worker_niceness:-0}"   # Ray workers default to nice 15: starved next to other jobs
 DATA="${DATA:-$HOME/data/arithmetic}"
 BASE_MODEL="${BASE_MODEL:-$HOME/models/arith-tiny}"
