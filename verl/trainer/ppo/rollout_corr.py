@@ -16,6 +16,9 @@ to but not exactly the trainer's ``pi_old``. verl's keys, two of which are imple
     ``sequence``: ``exp(sum_t (old - rollout))`` over the response, the same weight on every token.
     Log-ratios are clamped to [-20, 20] before ``exp`` so that no weight overflows; padding gets weight 0.
 
+The actor's older ``tis_imp_ratio_cap`` computes the same token-level weights inside the update
+(:func:`truncated_is_weights`, shared).
+
 Rejection sampling (``rollout_rs*``), the token veto, batch-normalized weights and the pure policy-gradient loss
 (``use_policy_gradient``) are accepted only at their defaults (``verl.trainer.config_schema`` says so).
 """
@@ -26,17 +29,17 @@ import torch
 
 from verl.trainer.ppo.utils import entropy_metric, rollout_probs_diff_metrics
 
-__all__ = ["IS_LEVELS", "compute_rollout_is_weights", "on_policy_metrics"]
+__all__ = ["IS_LEVELS", "compute_rollout_is_weights", "on_policy_metrics", "truncated_is_weights"]
 
 IS_LEVELS = (None, "token", "sequence")
 _LOG_RATIO_BOUND = 20.0
 
 
-def compute_rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
-                               response_mask: torch.Tensor, level: str, threshold: float
-                               ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance weights ``min(pi_old / pi_rollout, threshold)`` at ``level`` (token | sequence),
-    (B, R) with zeros on padding, and their ``rollout_corr/*`` metrics over valid tokens."""
+def truncated_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                         response_mask: torch.Tensor, level: str, threshold: float
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights, raw)``: ``min(pi_old / pi_rollout, threshold)`` at ``level`` (token | sequence), (B, R), zero
+    on padding, in the dtype of ``old_log_probs``; ``raw`` the untruncated float64 ratios (bounded to e^+-20)."""
     if level not in ("token", "sequence"):
         raise ValueError(f"rollout_is level must be 'token' or 'sequence', got {level!r}")
     if not threshold > 0:
@@ -46,8 +49,15 @@ def compute_rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: t
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(mask)
     raw = torch.exp(log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND))
-    weights = raw.clamp(max=threshold) * mask
-    valid = mask.bool()
+    return (raw.clamp(max=threshold) * mask).to(old_log_probs.dtype), raw
+
+
+def compute_rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                               response_mask: torch.Tensor, level: str, threshold: float
+                               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`truncated_is_weights` and their ``rollout_corr/*`` metrics over valid tokens."""
+    weights, raw = truncated_is_weights(old_log_probs, rollout_log_probs, response_mask, level, threshold)
+    valid = response_mask.bool()
     metrics = {}
     if valid.any():
         metrics = {
@@ -56,7 +66,7 @@ def compute_rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: t
             "rollout_corr/rollout_is_min": raw[valid].min().item(),
             "rollout_corr/rollout_is_truncated_frac": (raw[valid] > threshold).double().mean().item(),
         }
-    return weights.to(old_log_probs.dtype), metrics
+    return weights, metrics
 
 
 def on_policy_metrics(on_policy: dict, rollout_log_probs: torch.Tensor | None, response_mask: torch.Tensor,

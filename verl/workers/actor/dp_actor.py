@@ -43,6 +43,7 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.trainer.ppo.rollout_corr import truncated_is_weights
 from verl.utils.fsdp_utils import cfg_get, clip_grad_norm_
 from verl.utils.device import module_device
 from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
@@ -255,7 +256,8 @@ class DataParallelPPOActor(BasePPOActor):
                     if "rollout_is_weights" in micro.keys():
                         is_weights = micro["rollout_is_weights"]
                     elif tis_cap > 0 and "rollout_log_probs" in micro.keys():
-                        is_weights = torch.exp(old_log_prob - micro["rollout_log_probs"]).clamp(max=tis_cap).detach()
+                        is_weights, _ = truncated_is_weights(old_log_prob, micro["rollout_log_probs"], mask, "token",
+                                                             tis_cap)
                     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss_fn(
                         old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"],
                         response_mask=mask, loss_agg_mode=loss_agg_mode, config=cfg, rollout_is_weights=is_weights,
