@@ -324,23 +324,7 @@ class RayPPOTrainer(ValidationMixin):
             with marked_timer("reward", timing_raw, color="yellow"):
                 batch, future_reward = self._launch_reward(batch)
 
-        correction = cfg.algorithm.get("rollout_correction", None) or {}
-        bypass = bool(correction.get("bypass_mode", False))
-        if bypass:  # the rollout's log-probs are old_log_probs; no separate trainer pass (see rollout_corr.py)
-            if "rollout_log_probs" not in batch.batch.keys():
-                raise RuntimeError("algorithm.rollout_correction.bypass_mode=True needs rollout_log_probs from the "
-                                   "rollout engine; this rollout returned none")
-            batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
-            batch.meta_info["bypass_mode"] = True
-        else:
-            with marked_timer("old_log_prob", timing_raw, color="blue"):
-                batch = batch.union(self._compute_old_log_prob(batch, metrics))
-            if correction.get("rollout_is", None) and "rollout_log_probs" in batch.batch.keys():
-                weights, is_metrics = compute_rollout_is_weights(
-                    batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"],
-                    correction["rollout_is"], float(correction.get("rollout_is_threshold", 2.0)))
-                batch.batch["rollout_is_weights"] = weights
-                metrics.update(is_metrics)
+        batch, bypass = self._old_log_probs(batch, metrics, timing_raw)
         if self.use_reference_policy:
             with marked_timer("ref", timing_raw, color="olive"):
                 batch = batch.union(self.ref_policy_wg.compute_ref_log_prob(batch))
@@ -410,6 +394,28 @@ class RayPPOTrainer(ValidationMixin):
         partitions = get_seqlen_balanced_partitions(seqlens, k_partitions=world_size, equal_size=True)
         batch.reorder(torch.tensor([j for part in partitions for j in part]))
         metrics.update(log_seqlen_unbalance(seqlen_list=seqlens, partitions=partitions, prefix=logging_prefix))
+
+    def _old_log_probs(self, batch: DataProto, metrics: dict, timing_raw: dict) -> tuple[DataProto, bool]:
+        """``old_log_probs`` per ``algorithm.rollout_correction`` (see rollout_corr.py): the rollout's own in bypass
+        mode (returns True; the actor then reports the sync metric), else the trainer's pass, plus truncated IS
+        weights when ``rollout_is`` is set."""
+        correction = self.config.algorithm.get("rollout_correction", None) or {}
+        if correction.get("bypass_mode", False):
+            if "rollout_log_probs" not in batch.batch.keys():
+                raise RuntimeError("algorithm.rollout_correction.bypass_mode=True needs rollout_log_probs from the "
+                                   "rollout engine; this rollout returned none")
+            batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+            batch.meta_info["bypass_mode"] = True
+            return batch, True
+        with marked_timer("old_log_prob", timing_raw, color="blue"):
+            batch = batch.union(self._compute_old_log_prob(batch, metrics))
+        if correction.get("rollout_is", None) and "rollout_log_probs" in batch.batch.keys():
+            weights, is_metrics = compute_rollout_is_weights(
+                batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"],
+                correction["rollout_is"], float(correction.get("rollout_is_threshold", 2.0)))
+            batch.batch["rollout_is_weights"] = weights
+            metrics.update(is_metrics)
+        return batch, False
 
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
         old = self.actor_rollout_wg.compute_log_prob(batch)
