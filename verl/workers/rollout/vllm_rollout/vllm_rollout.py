@@ -31,6 +31,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.device import get_device_name
+from verl.utils.vllm_utils import quiet_rotary_reload_warning
 
 from ..base import BaseRollout
 from ..utils import cfg_get, eos_id_list, resolve_torch_dtype, sampling_params_for
@@ -215,7 +216,8 @@ class vLLMRollout(BaseRollout):
         """Load new weights in place (``reload_weights`` re-runs vLLM's post-load weight processing, e.g.
         the CPU kernels' repacking), then drop the prefix cache, whose KV entries belong to the old weights."""
         start = time.perf_counter()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._engine_stream(named_tensors)})
+        with quiet_rotary_reload_warning():  # vLLM warns about the (computed, never loaded) rotary cache per push
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._engine_stream(named_tensors)})
         self.llm.reset_prefix_cache()
         self.last_update_stats["seconds"] = time.perf_counter() - start
 
