@@ -8,5 +8,17 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
+# setup.sh installs quietly (minutes on a fresh clone): say every 10 s that it is still at work.
+bash scripts/setup.sh &
+SETUP_PID=$!
+START=$SECONDS
+NEXT=10
+while kill -0 "$SETUP_PID" 2>/dev/null; do
+  sleep 1
+  if (( SECONDS - START >= NEXT )) && kill -0 "$SETUP_PID" 2>/dev/null; then
+    echo "[quickstart $(date +%H:%M:%S)] setup: installing into .venv, $((SECONDS - START)) s so far"
+    NEXT=$((NEXT + 10))
+  fi
+done
+wait "$SETUP_PID"
 exec .venv/bin/python examples/quickstart/run_quickstart.py "$@"

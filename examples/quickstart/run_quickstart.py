@@ -10,11 +10,13 @@ Stages (each is an ordinary command a verl user would type; its log goes to <out
           part of the arithmetic, leaving room for RL.
 4. grpo   ``python -m verl.trainer.main_ppo algorithm.adv_estimator=grpo``: n samples per prompt, rule reward,
           greedy validation before training and every ``test_freq`` steps.
-5. report a table of mean training score by step, the first and last step's score, greedy validation accuracy
-          after SFT (= before GRPO) and after GRPO, and where the training-curve PNG is.
+5. report a short table (mean training score between validations, greedy validation accuracy at each), the
+          first and last step's score, greedy accuracy after SFT (= before GRPO) and after GRPO, and the plot
+          <out>/training_curves.png (score, validation accuracy, response length, entropy).
 
-A stage whose output already exists is reused (delete <out> to start over). ``--fast`` shrinks everything for a
-smoke test.
+While a stage runs its progress is live: a bar with the latest score on a terminal, otherwise a status line
+at least every 5 seconds (stage_progress.py). A stage whose output already exists is reused (delete <out> to
+start over). ``--fast`` shrinks everything for a smoke test.
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
+
+from verl.utils.plotting import plot_training_curves
+
+from stage_progress import GRPO_SHOWN, SFT_SHOWN, StageProgress, fmt_duration, stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VAL_PREFIX = "val-core/arithmetic/reward/mean@"  # greedy validation: one sample per (unique) prompt -> mean@1
@@ -41,27 +49,50 @@ FAST = dict(task=dict(train_size=256, test_size=32), sft=dict(steps=4, batch=16)
 
 
 def log(msg: str) -> None:
-    print(f"[quickstart {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    print(stamp(msg), flush=True)
 
 
-def run_stage(name: str, cmd: list[str], out: str, env: dict) -> float:
-    """Run ``cmd``, streaming its output to <out>/logs/<name>.log; exit with the log's tail on failure."""
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def run_stage(name: str, cmd: list[str], out: str, env: dict, steps: int | None = None, shown=None) -> float:
+    """Run ``cmd``, writing its output to <out>/logs/<name>.log while showing live progress (stage_progress);
+    exit with the log's tail on failure."""
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     path = os.path.join(out, "logs", f"{name}.log")
     log(f"{name}: {' '.join(cmd[:4])} ... (log: {path})")
     start = time.time()
-    with open(path, "w") as f:
+    env = dict(env, PYTHONUNBUFFERED="1")  # the stage's lines arrive as they are printed
+    with open(path, "w") as f, StageProgress(name, steps, shown) as progress:
         f.write(" ".join(cmd) + "\n\n")
         f.flush()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", bufsize=1)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            if line:
+                f.write(line)
+                progress.feed(line)
+            progress.tick()
+        returncode = proc.wait()
     took = time.time() - start
-    if proc.returncode != 0:
+    if returncode != 0:
         with open(path) as f:
             tail = f.read()[-4000:]
         print(tail, file=sys.stderr)
-        log(f"{name} FAILED (exit {proc.returncode}) after {took:.0f}s; full log: {path}")
-        sys.exit(proc.returncode or 1)
-    log(f"{name}: done in {took:.0f}s")
+        log(f"{name} FAILED (exit {returncode}) after {took:.0f}s; full log: {path}")
+        sys.exit(returncode or 1)
+    log(f"{name}: done in {fmt_duration(took)}")
     return took
 
 
@@ -100,15 +131,35 @@ def read_metrics(path: str) -> list[tuple[int, dict]]:
     return rows
 
 
-def report(grpo_metrics: list[tuple[int, dict]], plot: str, timings: dict) -> dict:
+def summary_rows(grpo_metrics: list[tuple[int, dict]]) -> list[tuple[str, float | None, float | None]]:
+    """Short table rows ``(steps, mean training score over those steps, greedy val accuracy at the end)``: one row
+    per validation (step 0 = the SFT model), so ~10 rows however long the run."""
+    scores = {s: m[SCORE_KEY] for s, m in grpo_metrics if SCORE_KEY in m}
+    vals = {s: v for s, m in grpo_metrics for k, v in m.items() if k.startswith(VAL_PREFIX)}
+    last = max(scores, default=0)
+    ends = sorted(vals)
+    if not ends or ends[-1] < last:  # no validation, or none at the end: cut the rest into ~8 chunks
+        first = ends[-1] + 1 if ends else 1
+        chunk = max(1, -(-(last - first + 1) // 8))
+        ends += list(range(first + chunk - 1, last, chunk)) + [last]
+    rows, prev = [], 0
+    for end in sorted(set(ends)):
+        window = [scores[s] for s in scores if prev < s <= end]
+        label = "0 (SFT model)" if end == 0 else (f"{prev + 1}-{end}" if end > prev + 1 else str(end))
+        rows.append((label, sum(window) / len(window) if window else None, vals.get(end)))
+        prev = end
+    return rows
+
+
+def report(grpo_metrics: list[tuple[int, dict]], plot: str | None, timings: dict) -> dict:
     scores = [(s, m[SCORE_KEY]) for s, m in grpo_metrics if SCORE_KEY in m]
     vals = [(s, v) for s, m in grpo_metrics for k, v in m.items() if k.startswith(VAL_PREFIX)]
     print("\n=== GRPO on the embedded arithmetic task ===")
-    print(f"{'step':>5} | {'mean score':>10} | {'val acc (greedy)':>16}")
-    val_by_step = dict(vals)
-    for step, score in scores:
-        val = f"{val_by_step[step]:.3f}" if step in val_by_step else ""
-        print(f"{step:>5} | {score:>10.3f} | {val:>16}")
+    print(f"{'steps':>13} | {'mean score':>10} | {'greedy val acc':>14}")
+    for label, score, val in summary_rows(grpo_metrics):
+        score_s = f"{score:.3f}" if score is not None else ""
+        val_s = f"{val:.3f}" if val is not None else ""
+        print(f"{label:>13} | {score_s:>10} | {val_s:>14}")
     summary = {}
     if scores:
         summary.update(first_step_score=scores[0][1], last_step_score=scores[-1][1])
@@ -116,8 +167,8 @@ def report(grpo_metrics: list[tuple[int, dict]], plot: str, timings: dict) -> di
     if vals:
         summary.update(val_after_sft=vals[0][1], val_after_grpo=vals[-1][1])
         print(f"greedy validation accuracy: after SFT (before GRPO) {vals[0][1]:.3f} -> after GRPO {vals[-1][1]:.3f}")
-    print(f"training curves: {plot if os.path.exists(plot) else '(not written: ' + plot + ')'}")
-    print("stage times: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
+    print(f"training curves: {plot or '(not written: no metrics)'}")
+    print("stage times: " + ", ".join(f"{k} {fmt_duration(v)}" for k, v in timings.items()))
     return summary
 
 
@@ -188,7 +239,7 @@ def main(argv=None) -> None:
             f"trainer.total_training_steps={sft['steps']}", f"trainer.test_freq={max(sft['steps'] // 4, 1)}",
             "trainer.logger=[console]", f"trainer.default_local_dir={sft_dir}",
             "trainer.project_name=quickstart", "trainer.experiment_name=arith_sft",
-        ], out, dict(env, OMP_NUM_THREADS="1"))  # 128-wide matmuls: one thread is as fast, and robust to a busy machine
+        ], out, dict(env, OMP_NUM_THREADS="1"), steps=sft["steps"], shown=SFT_SHOWN)  # 128-wide matmuls: one thread is as fast, and robust to a busy machine
     log(f"SFT model: {sft_model}")
 
     # 4. GRPO
@@ -227,11 +278,14 @@ def main(argv=None) -> None:
         f"trainer.total_training_steps={grpo['steps']}", "trainer.total_epochs=1000",
         f"trainer.default_local_dir={grpo_dir}/ckpt", "trainer.project_name=quickstart",
         "trainer.experiment_name=arith_grpo",
-    ], out, grpo_env)
+    ], out, grpo_env, steps=grpo["steps"], shown=GRPO_SHOWN)
 
     # 5. report
     timings["total"] = time.time() - t0
-    summary = report(read_metrics(metrics_file), os.path.join(grpo_dir, "ckpt", "training_curves.png"), timings)
+    history = read_metrics(metrics_file)
+    plot = plot_training_curves(history, os.path.join(out, "training_curves.png"),
+                                title=f"GRPO on arithmetic ({args.model_size} model, {rollout} rollout)")
+    summary = report(history, plot, timings)
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(dict(summary, rollout=rollout, timings=timings), f, indent=1)
     print(f"summary: {os.path.join(out, 'summary.json')}")

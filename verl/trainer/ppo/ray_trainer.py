@@ -254,6 +254,7 @@ class RayPPOTrainer(ValidationMixin):
             val_metrics = self._validate()
             pprint(f"Initial validation metrics: {val_metrics}")
             self.logger.log(data=val_metrics, step=self.global_steps)
+            self.metric_history.append((self.global_steps, _plottable(val_metrics)))  # step 0 of the accuracy curve
             if self.config.trainer.get("val_only", False):
                 self._finish()
                 return
@@ -580,7 +581,6 @@ class RayPPOTrainer(ValidationMixin):
 
 
 def _plottable(metrics: dict) -> dict:
-    from verl.utils.plotting import PLOT_PANELS
+    from verl.utils.plotting import plottable_metrics
 
-    names = {name for names in PLOT_PANELS.values() for name in names}
-    return {k: float(v) for k, v in metrics.items() if k in names}
+    return plottable_metrics(metrics)
