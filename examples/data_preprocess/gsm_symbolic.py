@@ -1,9 +1,15 @@
 """GSM8K-style problems generated offline by reasoning-gym's ``gsm_symbolic`` task, as verl-schema parquet.
 
-    python examples/data_preprocess/gsm_symbolic.py --local_dir ~/data/gsm_symbolic --train_size 2000 --test_size 200
+    python examples/data_preprocess/gsm_symbolic.py --local_save_dir ~/data/gsm_symbolic --train_size 2000 --test_size 200
 
-Rows: data_source ``gsm_symbolic``, the question plus verl's GSM8K instruction (final answer after ####),
-ground truth = reasoning-gym's integer answer. Train and test use different seeds (``--seed`` and ``--seed + 1``).
+Rows: the question plus verl's GSM8K instruction (final answer after ``####``), ground truth = reasoning-gym's
+integer answer. The output is deterministic for given sizes and ``--seed``: train comes from ``--seed``, test from
+``--seed + 1``, and no test question appears in train (nor twice in one split).
+
+``--data_source`` decides the reward the trainer and ``main_eval`` apply: ``openai/gsm8k`` (default) is verl's
+GSM8K rule reward -- strict, the number after ``####`` must equal the answer; ``gsm_symbolic`` is a lenient scorer
+that also accepts ``<answer>..</answer>``, ``\\boxed{}`` or the last number. ``extra_info.dataset`` always says
+where the rows came from.
 """
 
 from __future__ import annotations
@@ -13,26 +19,48 @@ import os
 
 from verl.utils.dataset.preprocess_utils import GSM8K_INSTRUCTION, write_parquet
 
-DATA_SOURCE = "gsm_symbolic"
+DATA_SOURCES = ("openai/gsm8k", "gsm_symbolic")
+DEFAULT_SAVE_DIR = "~/data/gsm_symbolic"
 
 
-def make_rows(size: int, seed: int, split: str) -> list[dict]:
+def unique_entries(size: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
+    """The first ``size`` reasoning-gym gsm_symbolic entries (seed ``seed``) whose question is new: not in
+    ``exclude`` and not seen earlier. Draws a larger pool when duplicates leave it short."""
     try:
-        import reasoning_gym
+        import reasoning_gym  # optional dependency of this example only
     except ImportError as err:
-        raise SystemExit("reasoning-gym is not installed: pip install reasoning-gym") from err
+        raise SystemExit("reasoning-gym is not installed: pip install reasoning-gym==0.1.25") from err
+    pool = size + size // 8 + 16
+    while True:
+        seen, picked = set(exclude), []
+        for entry in reasoning_gym.create_dataset("gsm_symbolic", size=pool, seed=seed):
+            if entry["question"] in seen:
+                continue
+            seen.add(entry["question"])
+            picked.append(entry)
+            if len(picked) == size:
+                return picked
+        if pool > 8 * size + 1000:
+            raise SystemExit(f"gsm_symbolic: could not find {size} distinct problems with seed {seed} "
+                             f"(got {len(picked)}); ask for fewer")
+        pool *= 2
+
+
+def make_rows(entries: list[dict], split: str, data_source: str) -> list[dict]:
     rows = []
-    for index, entry in enumerate(reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=seed)):
+    for index, entry in enumerate(entries):
         meta = entry.get("metadata", {})
         rows.append(
             {
-                "data_source": DATA_SOURCE,
+                "data_source": data_source,
                 "prompt": [{"role": "user", "content": entry["question"] + " " + GSM8K_INSTRUCTION}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": str(entry["answer"]).strip()},
                 "extra_info": {
                     "split": split,
                     "index": index,
+                    "dataset": "reasoning_gym/gsm_symbolic",
+                    "question": entry["question"],
                     "source_index": meta.get("source_index"),
                     "difficulty": meta.get("difficulty"),
                 },
@@ -41,18 +69,29 @@ def make_rows(size: int, seed: int, split: str) -> list[dict]:
     return rows
 
 
-def main(argv=None):
+def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--local_dir", default="~/data/gsm_symbolic")
+    parser.add_argument("--local_save_dir", default=None, help=f"output directory (default {DEFAULT_SAVE_DIR})")
+    parser.add_argument("--local_dir", default=None, help="older name of --local_save_dir")
     parser.add_argument("--train_size", type=int, default=2000)
     parser.add_argument("--test_size", type=int, default=200)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data_source", default=DATA_SOURCES[0], choices=DATA_SOURCES,
+                        help="selects the reward (see above)")
     args = parser.parse_args(argv)
-    local_dir = os.path.expanduser(args.local_dir)
+    if args.train_size < 0 or args.test_size < 1:
+        parser.error("--train_size must be >= 0 and --test_size >= 1")
+    if args.local_dir is not None and args.local_save_dir is not None and args.local_dir != args.local_save_dir:
+        parser.error("--local_dir and --local_save_dir name the same output directory; give only one")
+    save_dir = os.path.expanduser(args.local_save_dir or args.local_dir or DEFAULT_SAVE_DIR)
+
+    train = unique_entries(args.train_size, args.seed)
+    test = unique_entries(args.test_size, args.seed + 1, exclude={e["question"] for e in train})
     written = []
-    for split, size, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):
-        written.append(write_parquet(make_rows(size, seed, split), os.path.join(local_dir, f"{split}.parquet")))
-        print(f"wrote {written[-1]} ({size} rows)")
+    for split, entries in (("train", train), ("test", test)):
+        path = write_parquet(make_rows(entries, split, args.data_source), os.path.join(save_dir, f"{split}.parquet"))
+        written.append(path)
+        print(f"wrote {path} ({len(entries)} rows)")
     return written
 
 

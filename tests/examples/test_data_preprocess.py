@@ -85,7 +85,7 @@ def test_gsm_symbolic_script(tmp_path, tok):
     ds = RLHFDataset(str(out / "train.parquet"), tok, RL_CFG)
     assert len(ds) == 6
     row = ds[0]
-    assert row["data_source"] == "gsm_symbolic" and row["reward_model"]["ground_truth"].lstrip("-").isdigit()
+    assert row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"].lstrip("-").isdigit()
     assert row["raw_prompt"][0]["content"].endswith('output the final answer after "####".')
     assert len(pq.read_table(out / "test.parquet")) == 3
 
