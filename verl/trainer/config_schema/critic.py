@@ -1,0 +1,175 @@
+"""Schema of ``critic`` (the value model for GAE) and ``reward_model`` (a learned sequence-classification RM)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from verl.trainer.config_schema.actor import LOSS_AGG_MODES, NO_MEGATRON_STRATEGY, ROLLOUT_N
+from verl.trainer.config_schema.engine import (DTYPES, NO_MEGATRON, NO_ULYSSES, STRATEGIES, CheckpointConfig,
+                                               CriticOptimConfig, FSDPConfig, fsdp_strategy_ok)
+from verl.trainer.config_schema.places import MAIN, MODEL, REWARD, SCHEMA, TRAINER, WORKERS
+from verl.trainer.config_schema.spec import Section, key, section
+
+EXTERNAL_LIB = "custom model classes are imported from actor_rollout_ref.model.external_lib; set that instead"
+NO_CRITIC_LORA = "the critic trains all its parameters here (LoRA on the critic is not available); leave the default"
+RM_UNSHARDED = ("the reward model is forward-only and every process keeps a full copy (no FSDP sharding); leave the "
+                "default")
+NO_GENRM = ("a generative reward model (reward_model.rollout) is not available; use a sequence-classification "
+            "reward model (reward_model.model.path) or a rule-based reward")
+NO_REWARD_LOOP = ("the reward loop is not available; rewards come from the reward manager (reward_manager.source / "
+                  "reward_manager.name)")
+
+
+@dataclass(frozen=True)
+class CriticModelConfig(Section):
+    path: str = key("~/models/deepseek-llm-7b-chat", "value model checkpoint (a causal LM; a value head is added)",
+                    read_in=(WORKERS,))
+    tokenizer_path: str = key("~/models/deepseek-llm-7b-chat", "tokenizer of the value model",
+                              follows="actor_rollout_ref.model.path", read_in=(WORKERS,))
+    external_lib: Optional[str] = key(None, "module imported first", follows="actor_rollout_ref.model.external_lib",
+                                      unsupported=EXTERNAL_LIB)
+    trust_remote_code: bool = key(False, "allow model code from the checkpoint",
+                                  follows="actor_rollout_ref.model.trust_remote_code", read_in=(WORKERS,))
+    override_config: dict = key({}, "free-form overrides of the HF model config", read_in=(WORKERS, MODEL))
+    use_shm: bool = key(False, "copy the model to /dev/shm before loading",
+                        unsupported="the workers load from critic.model.path directly; leave false")
+    enable_gradient_checkpointing: bool = key(True, "recompute activations in backward", read_in=(WORKERS,))
+    enable_activation_offload: bool = key(False, "offload activations to the host",
+                                          unsupported="activation offload is not available; leave false")
+    use_remove_padding: bool = key(False, "pack sequences without padding", read_in=(WORKERS,))
+    lora_rank: int = key(0, "LoRA rank of the critic", ge=0, unsupported=NO_CRITIC_LORA)
+    lora_alpha: float = key(16, "LoRA scaling of the critic", gt=0, unsupported=NO_CRITIC_LORA)
+    target_modules: Union[str, list] = key("all-linear", "critic LoRA target modules", unsupported=NO_CRITIC_LORA)
+    fsdp_config: FSDPConfig = section(FSDPConfig)
+
+
+@dataclass(frozen=True)
+class CriticConfig(Section):
+    """``critic``: enabled when algorithm.adv_estimator=gae, or by critic.enable."""
+
+    enable: Optional[bool] = key(None, "null: a critic exactly when adv_estimator=gae", read_in=(SCHEMA, TRAINER))
+    strategy: str = key("fsdp", "training engine", choices=STRATEGIES, ok=fsdp_strategy_ok,
+                        unsupported=NO_MEGATRON_STRATEGY)
+    rollout_n: int = key(1, "responses per prompt", ge=1, follows=ROLLOUT_N, read_in=(WORKERS,))
+    ppo_mini_batch_size: int = key(256, "prompts per optimizer step", ge=1,
+                                   follows="actor_rollout_ref.actor.ppo_mini_batch_size", read_in=(WORKERS,))
+    ppo_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
+    ppo_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per forward/backward on one device/process",
+                                                      ge=1, follows=".ppo_micro_batch_size", read_in=(WORKERS,))
+    use_dynamic_bsz: bool = key(False, "pack micro-batches by token count",
+                                follows="actor_rollout_ref.actor.use_dynamic_bsz", read_in=(WORKERS,))
+    ppo_max_token_len_per_gpu: int = key(32768, "token budget per micro-batch", ge=1, read_in=(WORKERS,))
+    forward_max_token_len_per_gpu: int = key(32768, "token budget per value forward", ge=1,
+                                             follows=".ppo_max_token_len_per_gpu", read_in=(WORKERS,))
+    forward_micro_batch_size: Optional[int] = key(None, "deprecated global forward micro batch", ge=1,
+                                                  follows=".ppo_micro_batch_size", read_in=(WORKERS,))
+    forward_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per value forward", ge=1,
+                                                          follows=".ppo_micro_batch_size_per_gpu", read_in=(WORKERS,))
+    ppo_epochs: int = key(1, "passes over each batch", ge=1, follows="actor_rollout_ref.actor.ppo_epochs",
+                          read_in=(WORKERS,))
+    shuffle: bool = key(False, "shuffle mini-batches", follows="actor_rollout_ref.actor.shuffle", read_in=(WORKERS,))
+    data_loader_seed: int = key(42, "seed of that shuffle", ge=0, read_in=(WORKERS,))
+    cliprange_value: float = key(0.5, "value clip range", ge=0, read_in=(WORKERS,))
+    loss_agg_mode: str = key("token-mean", "how token losses are averaged", choices=LOSS_AGG_MODES,
+                             follows="actor_rollout_ref.actor.loss_agg_mode", read_in=(WORKERS,))
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1, unsupported=NO_ULYSSES)
+    grad_clip: Optional[float] = key(1.0, "max gradient norm (null: optim.clip_grad)", ge=0, read_in=(WORKERS,))
+    checkpoint: CheckpointConfig = section(CheckpointConfig)
+    optim: CriticOptimConfig = section(CriticOptimConfig)
+    model: CriticModelConfig = section(CriticModelConfig)
+    megatron: Any = key(None, "Megatron sizes of the critic", follows="actor_rollout_ref.actor.megatron",
+                        unsupported=NO_MEGATRON, optional=True)
+
+
+@dataclass(frozen=True)
+class RMWrapPolicy(Section):
+    min_num_params: int = key(0, "size-based wrapping threshold", ge=0, unsupported=RM_UNSHARDED)
+
+
+@dataclass(frozen=True)
+class RMFSDPConfig(Section):
+    wrap_policy: RMWrapPolicy = section(RMWrapPolicy)
+    param_offload: bool = key(False, "keep parameters in host memory", unsupported=RM_UNSHARDED)
+    reshard_after_forward: bool = key(True, "free gathered parameters after forward", unsupported=RM_UNSHARDED)
+    fsdp_size: int = key(-1, "ranks per shard group", ge=1, also=(-1,), unsupported=RM_UNSHARDED)
+    forward_prefetch: bool = key(False, "FSDP1 forward prefetch", unsupported=RM_UNSHARDED)
+    seed: Optional[int] = key(None, "seed before loading (default 42)", ge=0, read_in=(WORKERS,), optional=True)
+    model_dtype: Optional[str] = key(None, "dtype the RM is loaded in (default fp32)", choices=DTYPES,
+                                     read_in=(WORKERS,), optional=True)
+
+
+@dataclass(frozen=True)
+class RMModelConfig(Section):
+    input_tokenizer: Optional[str] = key(None, "the policy's tokenizer; responses are re-tokenised for the RM when "
+                                         "it differs", follows="actor_rollout_ref.model.path", read_in=(WORKERS,))
+    path: str = key("~/models/FsfairX-LLaMA3-RM-v0.1", "sequence-classification reward model", read_in=(WORKERS,))
+    external_lib: Optional[str] = key(None, "module imported first", follows="actor_rollout_ref.model.external_lib",
+                                      unsupported=EXTERNAL_LIB)
+    trust_remote_code: bool = key(False, "allow model code from the checkpoint", read_in=(WORKERS,))
+    use_remove_padding: bool = key(False, "pack sequences without padding",
+                                   unsupported="the reward model scores padded batches; leave false")
+    use_fused_kernels: bool = key(False, "fused kernels", follows="actor_rollout_ref.model.use_fused_kernels",
+                                  unsupported="fused kernels are not available; use False")
+    fsdp_config: RMFSDPConfig = section(RMFSDPConfig)
+
+
+@dataclass(frozen=True)
+class RMRolloutConfig(Section):
+    """``reward_model.rollout``: a generative reward model's engine (not available)."""
+
+    name: str = key("???", "engine of a generative RM", unsupported=NO_GENRM)
+    dtype: str = key("bfloat16", "engine dtype", unsupported=NO_GENRM)
+    gpu_memory_utilization: float = key(0.5, "GPU memory fraction", gt=0, le=1, unsupported=NO_GENRM)
+    enforce_eager: bool = key(True, "no CUDA graphs", unsupported=NO_GENRM)
+    free_cache_engine: bool = key(True, "release the KV cache", unsupported=NO_GENRM)
+    data_parallel_size: int = key(1, "engine data parallel size", ge=1, unsupported=NO_GENRM)
+    expert_parallel_size: int = key(1, "engine expert parallel size", ge=1, unsupported=NO_GENRM)
+    tensor_model_parallel_size: int = key(2, "engine tensor parallel size", ge=1, unsupported=NO_GENRM)
+    max_num_batched_tokens: int = key(8192, "scheduler token budget", ge=1, unsupported=NO_GENRM)
+    max_model_len: Optional[int] = key(None, "context length", ge=1, unsupported=NO_GENRM)
+    max_num_seqs: int = key(1024, "concurrent sequences", ge=1, unsupported=NO_GENRM)
+    load_format: str = key("auto", "weight loading", unsupported=NO_GENRM)
+    limit_images: Optional[int] = key(None, "images per prompt", ge=0, unsupported=NO_GENRM)
+    enable_chunked_prefill: bool = key(True, "chunked prefill", unsupported=NO_GENRM)
+    enable_prefix_caching: bool = key(True, "prefix caching", unsupported=NO_GENRM)
+    disable_log_stats: bool = key(True, "silence engine stats", unsupported=NO_GENRM)
+    prompt_length: int = key(2048, "prompt budget", ge=1, unsupported=NO_GENRM)
+    response_length: int = key(2048, "max new tokens", ge=1, unsupported=NO_GENRM)
+
+
+@dataclass(frozen=True)
+class RewardModelConfig(Section):
+    """``reward_model``: off by default (rule-based rewards come from the reward manager)."""
+
+    enable: bool = key(False, "score responses with a learned reward model", read_in=(SCHEMA, MAIN))
+    enable_resource_pool: bool = key(False, "the RM gets its own pool of n_gpus_per_node x nnodes", read_in=(MAIN,))
+    n_gpus_per_node: int = key(8, "devices (CPU: processes) per node of the RM pool", ge=1, read_in=(MAIN,))
+    nnodes: int = key(0, "nodes of the RM pool", ge=0, read_in=(MAIN,))
+    strategy: str = key("fsdp", "engine of the RM", choices=STRATEGIES, ok=fsdp_strategy_ok,
+                        unsupported=NO_MEGATRON_STRATEGY)
+    micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
+    micro_batch_size_per_gpu: Optional[int] = key(None, "sequences per RM forward on one device/process", ge=1,
+                                                  read_in=(WORKERS,))
+    max_length: Optional[int] = key(None, "max RM input length when re-tokenising", ge=1, read_in=(WORKERS,))
+    use_dynamic_bsz: bool = key(False, "pack by token count", follows="critic.use_dynamic_bsz",
+                                unsupported="the reward model scores fixed micro-batches "
+                                            "(reward_model.micro_batch_size_per_gpu); leave it following the critic")
+    forward_max_token_len_per_gpu: int = key(32768, "token budget per forward", ge=1,
+                                             follows="critic.forward_max_token_len_per_gpu",
+                                             unsupported="the reward model scores fixed micro-batches; leave it "
+                                                         "following the critic")
+    reward_manager: str = key("naive", "reward manager: naive | batch | prime | dapo (or a registered name)",
+                              read_in=(REWARD,))
+    reward_loop_source: str = key("register", "reward-loop class source", unsupported=NO_REWARD_LOOP)
+    reward_loop_module_path: Optional[str] = key(None, "reward-loop module", unsupported=NO_REWARD_LOOP)
+    reward_loop_class_name: Optional[str] = key(None, "reward-loop class", unsupported=NO_REWARD_LOOP)
+    launch_reward_fn_async: bool = key(False, "score in a Ray task overlapping the log-prob passes", read_in=(TRAINER,))
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses group size", ge=1, unsupported=NO_ULYSSES)
+    use_reward_loop: bool = key(True, "verl's reward loop", unsupported=NO_REWARD_LOOP + "; remove the override")
+    num_workers: int = key(1, "reward-loop workers", ge=1, unsupported=NO_REWARD_LOOP)
+    reward_kwargs: dict = key({}, "free-form keyword arguments of the reward manager", read_in=(MAIN, REWARD))
+    overlong_buffer: Optional[dict] = key(None, "DAPO overlong penalty (recipe spelling; free-form)", read_in=(REWARD,),
+                                          optional=True)
+    model: RMModelConfig = section(RMModelConfig)
+    rollout: RMRolloutConfig = section(RMRolloutConfig)

