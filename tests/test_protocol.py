@@ -248,8 +248,11 @@ def test_pad_unpad_round_trip():
 
 def test_padding_in_place_first_and_last():
     d = make(3)
-    d.padding(2)
+    d.padding(2, padding_candidate="first")
     assert rows(d) == [0, 1, 2, 0, 0]
+    default = make(3)
+    default.padding(2)  # verl's default padding_candidate="" repeats the last row
+    assert rows(default) == [0, 1, 2, 2, 2]
     e = make(3)
     e.padding(1, padding_candidate="last")
     assert rows(e) == [0, 1, 2, 2] and e.non_tensor_batch["labels"].tolist()[-1] == "l2"

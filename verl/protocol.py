@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
 
 # The helpers live in verl/_protocol/, one module per responsibility; they are re-exported here (private
 # names included: tests and older callers import them from verl.protocol). DataProto itself stays here so
@@ -38,10 +38,19 @@ from verl._protocol.containers import (  # noqa: F401
     union_tensor_dict,
     union_two_dict,
 )
-from verl._protocol.future import DataProtoFuture, _ChunkSelector  # noqa: F401
+from verl._protocol.future import DataProtoFuture, WorkerError, _ChunkSelector  # noqa: F401
 from verl._protocol.padding import fold_batch_dim, pad_dataproto_to_divisor, unfold_batch_dim, unpad_dataproto
 from verl._protocol.serialization import _compact, _load_location  # noqa: F401
-from verl._protocol.serialization import batch_from_bytes, batch_to_bytes, pickle_atomically
+from verl._protocol.serialization import (
+    batch_from_bytes,
+    batch_to_bytes,
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    pickle_atomically,
+    serialize_single_tensor,
+    serialize_tensordict,
+)
+from verl.utils import tensordict_utils as tu
 
 __all__ = [
     "DataProto",
@@ -50,9 +59,13 @@ __all__ = [
     "DataProtoItem",
     "all_gather_data_proto",
     "collate_fn",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
     "pad_dataproto_to_divisor",
+    "serialize_single_tensor",
+    "serialize_tensordict",
     "union_numpy_dict",
     "union_tensor_dict",
     "union_two_dict",
@@ -228,15 +241,39 @@ class DataProto:
         return "\n".join(lines)
 
     def to_tensordict(self) -> TensorDict:
-        """One TensorDict holding the tensors plus the non-tensors (as NonTensorStack) and meta_info."""
-        from tensordict import NonTensorData, NonTensorStack
-
-        td = self.batch.clone(recurse=False) if self.batch is not None else TensorDict({}, batch_size=(len(self),))
-        for key, val in self.non_tensor_batch.items():
-            td[key] = NonTensorStack(*[NonTensorData(x) for x in val], batch_size=(len(self),))
-        for key, val in self.meta_info.items():
-            td.set_non_tensor(key, val)
+        """One TensorDict: the tensors, each non-tensor column as a per-row ``NonTensorStack`` and each
+        meta_info entry as batch-level ``NonTensorData`` (see :mod:`verl.utils.tensordict_utils`)."""
+        tensors: dict = dict(self.batch.items()) if self.batch is not None else {}
+        clash = sorted(set(tensors) & set(self.non_tensor_batch))
+        if clash:
+            raise ValueError(f"to_tensordict: keys {clash} are in both batch and non_tensor_batch")
+        tensors.update({k: list(v) for k, v in self.non_tensor_batch.items()})
+        td = tu.get_tensordict(tensors, non_tensor_dict=dict(self.meta_info))
+        if not tensors:  # no per-row entry fixes the batch size: keep this DataProto's length
+            td.batch_size = [len(self)]
         return td
+
+    @classmethod
+    def from_tensordict(cls, tensor_dict: TensorDict | None = None, meta_info: dict | None = None,
+                        num_batch_dims: int = 1) -> "DataProto":
+        """Undo :meth:`to_tensordict`: tensors -> ``batch``, per-row stacks -> ``non_tensor_batch`` (object
+        arrays), batch-level values -> ``meta_info`` (merged over ``meta_info``)."""
+        if tensor_dict is None:
+            raise ValueError("from_tensordict needs a TensorDict")
+        if num_batch_dims < 1:
+            raise ValueError(f"num_batch_dims must be >= 1, got {num_batch_dims}")
+        batch_size = tuple(tensor_dict.batch_size[:num_batch_dims])
+        tensors, non_tensors, meta = {}, {}, dict(meta_info or {})
+        for key in tensor_dict.keys():
+            value = tensor_dict.get(key)
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value
+            elif isinstance(value, NonTensorStack):
+                non_tensors[key] = _to_object_array(value.tolist(), key)
+            else:
+                meta[key] = tu.unwrap_non_tensor_data(value)
+        batch = TensorDict(tensors, batch_size=batch_size, device=tensor_dict.device) if tensors else None
+        return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     # ----------------------------------------------------------------------------------- selection
     def select(self, batch_keys=None, non_tensor_batch_keys=None, meta_info_keys=None, deepcopy=False) -> "DataProto":
@@ -411,17 +448,42 @@ class DataProto:
         idx_np = idx.cpu().numpy()
         self.non_tensor_batch = {k: v[idx_np] for k, v in self.non_tensor_batch.items()}
 
-    def padding(self, padding_size: int, padding_candidate: str = "first") -> None:
-        """Append ``padding_size`` copies of the first (or last) row, in place."""
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """Append ``padding_size`` copies of one row, in place: the first row for ``"first"``, the last row
+        otherwise (``"last"`` or verl's default ``""``)."""
         if padding_size == 0:
             return
-        if padding_candidate not in ("first", "last"):
-            raise ValueError(f"padding_candidate must be 'first' or 'last', got {padding_candidate!r}")
+        if padding_candidate not in ("", "first", "last"):
+            raise ValueError(f"padding_candidate must be 'first' or 'last' (or '' for the last row), "
+                             f"got {padding_candidate!r}")
         if len(self) == 0:
             raise ValueError("padding: cannot pad an empty DataProto (no row to copy)")
         row = 0 if padding_candidate == "first" else len(self) - 1
         padded = DataProto.concat([self, self.select_idxs([row] * padding_size)])
         self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
+
+    def unfold_column_chunks(self, n_split: int, split_keys: list[str] | None = None) -> "DataProto":
+        """Move ``n_split`` chunks of the second dim into the batch dim: ``(B, n_split * k, ...)`` becomes
+        ``(B * n_split, k, ...)`` for the keys in ``split_keys`` (every key when None); the other keys repeat
+        each row ``n_split`` times so rows stay aligned. Used for grouped samples that must not be shuffled
+        apart before this point."""
+        keys = set(split_keys) if split_keys is not None else None
+
+        def unfold(name, value, repeat):
+            if keys is not None and name not in keys:
+                return repeat(value)
+            if value.ndim < 2 or value.shape[1] % n_split != 0:
+                raise ValueError(f"unfold_column_chunks: {name!r} has shape {tuple(value.shape)}; its second dim "
+                                 f"must be divisible by n_split={n_split}")
+            return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
+
+        batch = None
+        if self.batch is not None:
+            tensors = {k: unfold(k, v, lambda t: torch.repeat_interleave(t, n_split, dim=0))
+                       for k, v in self.batch.items()}
+            batch = TensorDict(tensors, batch_size=(self.batch.batch_size[0] * n_split,), device=self.batch.device)
+        non_tensor = {k: unfold(k, v, lambda a: np.repeat(a, n_split, axis=0)) for k, v in self.non_tensor_batch.items()}
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=self.meta_info)
 
     # ------------------------------------------------------------------------------------ iteration
     def make_iterator(self, mini_batch_size: int, epochs: int, seed: int | None = None,

@@ -1,7 +1,13 @@
-"""``DataProtoFuture``: the lazy result of a non-blocking worker-group call (re-exported by :mod:`verl.protocol`)."""
+"""``DataProtoFuture``: the lazy result of a non-blocking worker-group call (re-exported by :mod:`verl.protocol`).
+
+The protocol layer does not import Ray or the single controller (the dependency points the other way:
+single_controller -> protocol). A future only ever holds Ray object references when a Ray backend made it, so
+Ray is already loaded by then; it is looked up in ``sys.modules`` at ``.get()`` time.
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -9,6 +15,30 @@ if TYPE_CHECKING:
     from verl.protocol import DataProto
 
 # DataProto is imported inside the methods that use it: verl.protocol imports this module.
+
+
+class WorkerError(RuntimeError):
+    """A worker raised or died while computing its part of a group call; ``rank`` and ``cause`` (the backend's
+    own error) are kept. Re-exported by ``verl.single_controller.ray``."""
+
+    def __init__(self, message: str, rank: int, cause: BaseException):
+        super().__init__(message)
+        self.rank = rank
+        self.cause = cause
+
+
+def _ray():
+    """The loaded Ray module (a future holding object refs implies the Ray backend imported it)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        raise RuntimeError("DataProtoFuture.get(): Ray is not loaded in this process; futures come from a "
+                           "RayWorkerGroup call with blocking=False")
+    return ray
+
+
+def _died(err: BaseException) -> bool:
+    """True when the backend says the worker process is gone (Ray's ActorDiedError and its subclasses)."""
+    return any(cls.__name__ == "ActorDiedError" for cls in type(err).__mro__)
 
 
 @dataclass
@@ -41,10 +71,9 @@ class DataProtoFuture:
         ``WorkerError`` naming its rank, with the Ray error as ``cause``; with several failures, the
         lowest rank among those already finished (healthy ranks still running are not waited for: they
         may be blocked in a collective with the dead one)."""
-        import ray
-
         from verl.protocol import DataProto
 
+        ray = _ray()
         try:
             outputs = ray.get(self.futures)
         except ray.exceptions.RayError as err:
@@ -57,10 +86,7 @@ class DataProtoFuture:
 
     def _worker_error(self, err: BaseException) -> BaseException:
         """The failure of the first rank, in rank order, among the results already available."""
-        import ray
-
-        from verl.single_controller.ray.base import WorkerError  # lazy: protocol stays free of the controller
-
+        ray = _ray()
         ready, _ = ray.wait(self.futures, num_returns=len(self.futures), timeout=0)
         ready = set(ready)
         for rank, ref in enumerate(self.futures):
@@ -69,7 +95,7 @@ class DataProtoFuture:
             try:
                 ray.get(ref)
             except ray.exceptions.RayError as cause:
-                what = "died" if isinstance(cause, ray.exceptions.ActorDiedError) else "raised"
+                what = "died" if _died(cause) else "raised"
                 msg = (f"DataProtoFuture: rank {rank} of {len(self.futures)} {what} while computing its result. "
                        f"Worker traceback / Ray error:\n{type(cause).__name__}: {cause}")
                 return WorkerError(msg, rank=rank, cause=cause)

@@ -11,8 +11,11 @@ import os
 import pickle
 import tempfile
 
+from typing import Any
+
+import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -64,3 +67,76 @@ def pickle_atomically(obj, filepath) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+# ------------------------------------------------------------------------------------------------------------
+# verl's tensor <-> (dtype, shape, bytes) helpers: a picklable form made of strings, tuples and numpy byte arrays
+# (no torch storages), bit-exact for every dtype (bf16 and float8 included), empty and nested tensors too.
+# ------------------------------------------------------------------------------------------------------------
+_NON_TENSOR = "__non_tensor__"  # tag of a 4-tuple entry holding a NonTensorData / NonTensorStack value
+
+
+def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """``(dtype name, shape, raw bytes as a uint8 numpy array)`` of a dense CPU-readable tensor."""
+    if obj.is_nested:
+        raise ValueError("serialize_single_tensor takes a dense tensor; use serialize_tensordict for nested ones")
+    flat = obj.detach().cpu().contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().copy() if flat.numel() else np.empty(0, dtype=np.uint8)
+    return str(obj.dtype).removeprefix("torch."), tuple(obj.shape), data
+
+
+def deserialize_single_tensor(arr: tuple) -> torch.Tensor:
+    """Undo :func:`serialize_single_tensor` (a new tensor that owns its memory)."""
+    dtype_name, shape, data = arr
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown torch dtype {dtype_name!r} in serialized tensor")
+    raw = np.ascontiguousarray(data, dtype=np.uint8)
+    if raw.size == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw.tobytes()), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None, dict[str, Any]]:
+    """``(batch_size, device, {key: encoded})`` for a TensorDict.
+
+    A dense tensor is encoded by :func:`serialize_single_tensor` (a 3-tuple), a nested tensor as
+    ``(layout, [one 3-tuple per row])``; per-row objects (NonTensorStack) and batch-level values
+    (NonTensorData) are kept as Python values in a 4-tuple, so a TensorDict built with
+    ``verl.utils.tensordict_utils.get_tensordict`` round-trips as a whole.
+    """
+    encoded: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, NonTensorStack):
+            encoded[key] = (_NON_TENSOR, "stack", value.tolist(), tuple(value.batch_size))
+        elif isinstance(value, NonTensorData):
+            encoded[key] = (_NON_TENSOR, "data", value.data, tuple(value.batch_size))
+        elif value.is_nested:
+            layout = str(value.layout).removeprefix("torch.")
+            encoded[key] = (layout, [serialize_single_tensor(row) for row in value.unbind()])
+        else:
+            encoded[key] = serialize_single_tensor(value)
+    device = str(batch.device) if batch.device is not None else None
+    return tuple(batch.batch_size), device, encoded
+
+
+def deserialize_tensordict(arr: tuple) -> TensorDict:
+    """Undo :func:`serialize_tensordict`."""
+    batch_size, device, encoded = arr
+    items: dict[str, Any] = {}
+    non_tensors: dict[str, Any] = {}
+    for key, value in encoded.items():
+        if len(value) == 4 and value[0] == _NON_TENSOR:
+            non_tensors[key] = value
+        elif len(value) == 3:
+            items[key] = deserialize_single_tensor(value)
+        elif len(value) == 2:
+            layout, rows = value
+            items[key] = torch.nested.as_nested_tensor([deserialize_single_tensor(r) for r in rows],
+                                                       layout=getattr(torch, layout))
+        else:
+            raise ValueError(f"serialized entry {key!r} has {len(value)} fields; expected 2, 3 or 4")
+    td = TensorDict(source=items, batch_size=batch_size, device=device)
+    for key, (_, kind, value, _size) in non_tensors.items():
+        td[key] = NonTensorStack.from_list([NonTensorData(v) for v in value]) if kind == "stack" else NonTensorData(value)
+    return td

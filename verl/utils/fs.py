@@ -7,8 +7,8 @@ import os
 import shutil
 import tempfile
 
-__all__ = ["is_non_local", "copy_to_local", "copy", "local_mkdir_safe", "md5_encode", "get_local_temp_path",
-           "atomic_write_text"]
+__all__ = ["is_non_local", "copy_to_local", "copy_local_path_from_hdfs", "copy", "local_mkdir_safe", "md5_encode",
+           "get_local_temp_path", "atomic_write_text"]
 
 
 def is_non_local(path: str) -> bool:
@@ -42,6 +42,12 @@ def copy_to_local(src: str, cache_dir: str | None = None, filelock: str = ".file
             shutil.copytree(local, dst, dirs_exist_ok=True)
         return dst
     return local
+
+
+def copy_local_path_from_hdfs(src: str, cache_dir: str | None = None, filelock: str = ".file.lock",
+                              verbose: bool = False, always_recopy: bool = False) -> str:
+    """verl's older name of :func:`copy_to_local` (same behaviour)."""
+    return copy_to_local(src, cache_dir=cache_dir, filelock=filelock, verbose=verbose, always_recopy=always_recopy)
 
 
 def copy(src: str, dst: str, **kwargs) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
 import sys
+import warnings
 from functools import lru_cache
 from typing import Any
 
 __all__ = ["is_vllm_available", "is_sglang_available", "is_megatron_core_available", "is_trl_available",
-           "import_external_libs", "load_module", "load_extern_type"]
+           "is_nvtx_available", "import_external_libs", "load_module", "load_extern_type", "load_extern_object",
+           "deprecated"]
 
 
 @lru_cache(maxsize=None)
@@ -35,6 +38,10 @@ def is_megatron_core_available() -> bool:
 
 def is_trl_available() -> bool:
     return _available("trl")
+
+
+def is_nvtx_available() -> bool:
+    return _available("nvtx")
 
 
 def import_external_libs(external_libs: str | list[str] | None = None) -> None:
@@ -77,3 +84,35 @@ def load_extern_type(file_path: str | None, type_name: str | None) -> Any:
     if not hasattr(module, type_name):
         raise AttributeError(f"'{type_name}' is not defined in {file_path}")
     return getattr(module, type_name)
+
+
+def load_extern_object(module_path: str | None, object_name: str | None) -> Any:
+    """verl's newer name of :func:`load_extern_type`: ``object_name`` from a ``.py`` file or module path."""
+    return load_extern_type(module_path, object_name)
+
+
+def deprecated(replacement: str = ""):
+    """Decorator: calling the function (or building the class) warns ``DeprecationWarning`` naming ``replacement``."""
+
+    def decorator(obj):
+        what = f"{obj.__module__}.{obj.__qualname__}"
+        msg = f"{what} is deprecated" + (f"; use {replacement} instead" if replacement else "")
+        if isinstance(obj, type):
+            original_init = obj.__init__
+
+            @functools.wraps(original_init)
+            def init(self, *args, **kwargs):
+                warnings.warn(msg, DeprecationWarning, stacklevel=2)
+                original_init(self, *args, **kwargs)
+
+            obj.__init__ = init
+            return obj
+
+        @functools.wraps(obj)
+        def wrapper(*args, **kwargs):
+            warnings.warn(msg, DeprecationWarning, stacklevel=2)
+            return obj(*args, **kwargs)
+
+        return wrapper
+
+    return decorator

@@ -28,6 +28,11 @@ def ceildiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
+def roundup_divisible(a: int, b: int) -> int:
+    """The smallest multiple of ``b`` that is >= ``a``."""
+    return ceildiv(a, b) * b
+
+
 def get_reverse_idx(idx_map) -> list[int]:
     """Inverse permutation: ``reverse[idx_map[i]] = i``."""
     idx_map = [int(i) for i in idx_map]

@@ -11,7 +11,9 @@ import math
 from typing import Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from tensordict import TensorDict
 
 __all__ = [
     "masked_sum",
@@ -30,6 +32,12 @@ __all__ = [
     "postprocess_data",
     "get_constant_schedule_with_warmup",
     "get_cosine_schedule_with_warmup",
+    "gather_from_labels",
+    "compute_grad_norm",
+    "allgather_dict_tensors",
+    "split_dict_tensor_into_batches",
+    "remove_pad_token",
+    "tokenize_and_postprocess_data",
 ]
 
 
@@ -228,3 +236,53 @@ def get_cosine_schedule_with_warmup(
         return min_lr_ratio + (1.0 - min_lr_ratio) * max(0.0, cosine)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# smaller verl helpers that research code imports from here
+# --------------------------------------------------------------------------------------------------------------
+def gather_from_labels(data: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """``data[..., label]`` per position: (..., V) values and (...) indices -> (...)."""
+    return torch.gather(data, -1, label.unsqueeze(-1)).squeeze(-1)
+
+
+def compute_grad_norm(model: torch.nn.Module) -> float:
+    """verl's definition: the sum of squared gradient entries over all parameters that have a gradient
+    (the squared L2 norm; take ``math.sqrt`` for the norm itself)."""
+    return sum(float(p.grad.detach().float().square().sum()) for p in model.parameters() if p.grad is not None)
+
+
+def allgather_dict_tensors(tensors, size: int, group, dim: int = 0):
+    """All-gather every tensor of a dict / TensorDict over ``group`` (``size`` ranks) and concatenate on ``dim``;
+    returns the same container type (a TensorDict's batch size grows ``size`` times)."""
+    is_td = isinstance(tensors, TensorDict)
+    source = tensors.to_dict() if is_td else tensors
+    output = {}
+    for key in sorted(source):
+        value = source[key]
+        parts = [torch.empty_like(value) for _ in range(size)]
+        dist.all_gather(parts, value.contiguous(), group=group, async_op=False)
+        output[key] = torch.cat(parts, dim=dim)
+    if is_td:
+        return TensorDict(source=output, batch_size=[tensors.batch_size[0] * size])
+    return output
+
+
+def split_dict_tensor_into_batches(tensors, batch_size: int) -> list:
+    """Consecutive TensorDict chunks of ``batch_size`` rows; the row count must be divisible by it."""
+    if tensors.batch_size[0] % batch_size != 0:
+        raise ValueError(f"input data batch size {tensors.batch_size[0]} must be divisible by batch_size {batch_size}")
+    return list(tensors.split(batch_size))
+
+
+def remove_pad_token(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """The token ids of each row where ``attention_mask`` is 1, as Python lists."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(input_ids, attention_mask)]
+
+
+def tokenize_and_postprocess_data(prompt: str, tokenizer, max_length: int, pad_token_id: int, left_pad: bool = True,
+                                  truncation: str = "error"):
+    """Tokenize one prompt (no special tokens added) and pad / truncate it to ``max_length`` with
+    :func:`postprocess_data`; returns ``(input_ids, attention_mask)`` of shape (1, max_length)."""
+    enc = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    return postprocess_data(enc["input_ids"], enc["attention_mask"], max_length, pad_token_id, left_pad, truncation)

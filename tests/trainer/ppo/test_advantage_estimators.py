@@ -25,7 +25,7 @@ def seq_scores(rewards):
 def test_registry_has_every_estimator_and_enum_lookup():
     names = {e.value for e in ca.AdvantageEstimator}
     assert names == {"gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo",
-                     "grpo_passk", "gpg"}
+                     "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized"}
     for e in ca.AdvantageEstimator:
         assert ca.get_adv_estimator_fn(e) is ca.get_adv_estimator_fn(e.value) is ca.ADV_ESTIMATOR_REGISTRY[e.value]
     assert ca.get_adv_estimator_fn("grpo") is ca.compute_grpo_outcome_advantage

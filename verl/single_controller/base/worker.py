@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 from verl.single_controller.base.decorator import Dispatch, Execute, register
 
@@ -40,6 +41,26 @@ def apply_thread_share() -> int | None:
         torch.set_num_threads(n)
     os.environ["OMP_NUM_THREADS"] = str(n)  # for libraries that read it later (vLLM's CPU backend)
     return n
+
+
+@dataclass
+class DistRankInfo:
+    """This worker's coordinates in a tensor x data x pipeline x context parallel mesh."""
+
+    tp_rank: int
+    dp_rank: int
+    pp_rank: int
+    cp_rank: int
+
+
+@dataclass
+class DistGlobalInfo:
+    """The sizes of that mesh."""
+
+    tp_size: int
+    dp_size: int
+    pp_size: int
+    cp_size: int
 
 
 class WorkerMeta:

@@ -4,51 +4,101 @@
 the pool, with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT / LOCAL_RANK / LOCAL_WORLD_SIZE and a thread
 count in its environment, then binds every ``@register`` method of ``MyWorker`` onto the group.
 
+Extra per-worker environment variables go in with ``RayWorkerGroup(..., worker_env={"KEY": "value"})``;
+the variables the group sets itself (RANK, MASTER_PORT ...) cannot be overridden that way (ValueError).
+
 Failures: a blocking call waits on all workers but returns at the first failure, raising
 ``WorkerError`` naming the group, rank, actor and method, with the worker's own traceback (or Ray's
 ActorDiedError text when the process died) in the message.
+
+``Role`` lives in :mod:`verl.trainer.ppo.utils` (as in verl); this module still answers ``Role`` for older
+imports, resolving it on first use so that importing the single controller never imports the trainer.
 """
 
 from __future__ import annotations
 
+import importlib
+import random
 import secrets
+import string
 from dataclasses import dataclass, field
-from enum import Enum
+from typing import TYPE_CHECKING
 
 import ray
 
+from verl.protocol import WorkerError
 from verl.single_controller.base import WorkerGroup
 from verl.single_controller.base.worker import ENV_NUM_THREADS
-from verl.single_controller.base.worker_group import _unwrap_cls
-from verl.single_controller.ray.colocate import create_colocated_worker_cls, create_colocated_worker_cls_fused
+from verl.single_controller.base.worker_group import _unwrap_cls, func_generator  # noqa: F401 (verl's name)
+from verl.single_controller.ray.colocate import (
+    FusedWorkerCLSName,
+    create_colocated_worker_cls,
+    create_colocated_worker_cls_fused,
+    create_colocated_worker_raw_cls,
+)
 from verl.single_controller.ray.resource import (
     RayClassWithInitArgs,
     RayResourcePool,
+    SubRayResourcePool,
+    extract_pg_from_exist,
+    merge_resource_pool,
     node_cores,
     node_id_of_bundle,
     pick_master_addr_port,
+    sort_placement_group_by_node_ip,
+    split_resource_pool,
 )
 from verl.utils.device import get_ray_resource_name
 
+if TYPE_CHECKING:
+    from verl.trainer.ppo.utils import Role
+
 __all__ = [
+    "FusedWorkerCLSName",
     "RayClassWithInitArgs",
     "RayResourcePool",
     "RayWorkerGroup",
     "ResourcePoolManager",
-    "Role",
+    "SubRayResourcePool",
     "WorkerError",
     "create_colocated_worker_cls",
     "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
+    "extract_pg_from_exist",
+    "get_random_string",
+    "merge_resource_pool",
+    "sort_placement_group_by_node_ip",
+    "split_resource_pool",
 ]
 
+# Set by the group for every worker; ``worker_env`` may add variables but not replace these.
+PROTECTED_WORKER_ENV = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                  "WG_PREFIX", "WG_BACKEND", "RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE"})
 
-class WorkerError(RuntimeError):
-    """A worker raised or died during a group call; ``rank`` and ``cause`` (the Ray error) are kept."""
 
-    def __init__(self, message: str, rank: int, cause: BaseException):
-        super().__init__(message)
-        self.rank = rank
-        self.cause = cause
+def __getattr__(name: str):
+    # ``Role`` moved to verl.trainer.ppo.utils; resolved lazily so this module never imports the trainer.
+    if name == "Role":
+        return importlib.import_module("verl.trainer.ppo.utils").Role
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def get_random_string(length: int) -> str:
+    """``length`` random ASCII letters and digits (verl's default worker-name prefix)."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(random.choice(alphabet) for _ in range(length))
+
+
+def _check_worker_env(worker_env) -> dict[str, str]:
+    if worker_env is None:
+        return {}
+    if not isinstance(worker_env, dict):
+        raise TypeError(f"worker_env must be a dict of environment variables, got {type(worker_env).__name__}")
+    clash = sorted(PROTECTED_WORKER_ENV & set(worker_env))
+    if clash:
+        raise ValueError(f"Cannot override protected system env: {clash}. The worker group sets these itself; "
+                         f"pass other variable names in worker_env")
+    return {str(k): str(v) for k, v in worker_env.items()}
 
 
 class RayWorkerGroup(WorkerGroup):
@@ -66,7 +116,9 @@ class RayWorkerGroup(WorkerGroup):
         ray_wait_register_center_timeout: int = 300,
         **kwargs,
     ) -> None:
+        worker_env = _check_worker_env(kwargs.pop("worker_env", None))
         super().__init__(resource_pool=resource_pool, **kwargs)
+        self.customized_worker_env = worker_env
         if ray_cls_with_init is None:
             raise ValueError("RayWorkerGroup needs ray_cls_with_init=RayClassWithInitArgs(MyWorker, ...)")
         self.ray_cls_with_init = ray_cls_with_init
@@ -109,6 +161,7 @@ class RayWorkerGroup(WorkerGroup):
                     "RAY_LOCAL_WORLD_SIZE": str(local_world_size),
                     ENV_NUM_THREADS: str(threads),
                     "OMP_NUM_THREADS": str(threads),
+                    **self.customized_worker_env,
                 }
                 name = f"{self.name_prefix}{cls_name}_{pg_idx}:{local_rank}"
                 options = {
@@ -211,6 +264,7 @@ class RayWorkerGroup(WorkerGroup):
         wg.name_prefix = self.name_prefix
         wg._detached = self._detached
         wg.wg_dict = None
+        wg.customized_worker_env = self.customized_worker_env
         wg.resource_pool = self.resource_pool
         wg._workers = list(self._workers)
         wg._worker_names = list(self._worker_names)
@@ -326,18 +380,6 @@ class RayWorkerGroup(WorkerGroup):
                 pass
 
 
-class Role(Enum):
-    """Roles a trainer maps onto resource pools."""
-
-    Actor = 0
-    Rollout = 1
-    ActorRollout = 2
-    Critic = 3
-    RefPolicy = 4
-    RewardModel = 5
-    ActorRolloutRef = 6
-
-
 @dataclass
 class ResourcePoolManager:
     """Named resource pools (``{"global_pool": [n_per_node] * nnodes}``) and which role runs in which.
@@ -349,6 +391,7 @@ class ResourcePoolManager:
 
     resource_pool_spec: dict[str, list[int]]
     mapping: dict[Role, str]
+    max_colocate_count: int = 3
     resource_pool_dict: dict[str, RayResourcePool] = field(default_factory=dict)
 
     def create_resource_pool(self) -> None:
@@ -359,7 +402,7 @@ class ResourcePoolManager:
             pool = RayResourcePool(
                 process_on_nodes=list(process_on_nodes),
                 use_gpu=True,
-                max_colocate_count=3,
+                max_colocate_count=self.max_colocate_count,
                 name_prefix=name,
                 num_cpus_per_process=cpus,
             )

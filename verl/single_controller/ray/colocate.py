@@ -7,7 +7,8 @@ role whose methods call the role's instance inside the shared processes.
 
 The fused variant keeps the role methods off the outer class; calls go through one entry point
 (``_fuw_execute(role, method, ...)``), and ``RayWorkerGroup.fuse(prefix_set)`` attaches the role groups
-as attributes (``wg.actor.update_actor(...)``).
+as attributes (``wg.actor.update_actor(...)``). ``create_colocated_worker_raw_cls`` returns that fused class
+itself, not yet wrapped for Ray.
 """
 
 from __future__ import annotations
@@ -107,24 +108,45 @@ def create_colocated_worker_cls(class_dict: dict[str, RayClassWithInitArgs]) -> 
     return RayClassWithInitArgs(cls=WorkerDict)
 
 
-def create_colocated_worker_cls_fused(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
-    """Like ``create_colocated_worker_cls`` but role methods stay behind one entry point."""
+FusedWorkerCLSName = "FusedWorker"  # verl's prefix of the fused class name: FusedWorker_actor_critic
+
+
+def create_colocated_worker_raw_cls(class_dict: dict[str, RayClassWithInitArgs]) -> type:
+    """The plain (not ``ray.remote``) fused worker class hosting every role of ``class_dict``.
+
+    Its instance holds one instance per role in ``fused_worker_dict`` (also as attribute ``self.<role>``), and
+    ``_fuw_execute(role, method, *args)`` calls a role's method; ``raw_cls_dict`` maps role -> user class.
+    Every role instance gets ``fused_worker_dict`` too, so colocated roles can reach each other in-process.
+    Use it to build the actor yourself (e.g. with other Ray options); :func:`create_colocated_worker_cls_fused`
+    wraps it for a ``RayWorkerGroup``.
+    """
     classes, init_args = _collect(class_dict)
 
     class FusedWorker(Worker):
         _verl_fused_roles = dict(classes)
+        raw_cls_dict = dict(classes)
+        is_fused_worker = True
 
-        def __init__(self):
-            super().__init__()
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
             self.worker_dict = _build_roles(classes, init_args)
             self.fused_worker_dict = self.worker_dict  # verl's attribute name
+            for role, instance in self.worker_dict.items():
+                setattr(self, role, instance)
+                instance.fused_worker_dict = self.worker_dict
 
         def _fuw_execute(self, role: str, method_name: str, *args, **kwargs):
             if role not in self.worker_dict:
                 raise ValueError(f"fused worker has no role {role!r}; roles: {sorted(self.worker_dict)}")
             return getattr(self.worker_dict[role], method_name)(*args, **kwargs)
 
-    FusedWorker.__name__ = FusedWorker.__qualname__ = "FusedWorker_" + "_".join(classes)
-    cia = RayClassWithInitArgs(cls=FusedWorker)
+    FusedWorker.__name__ = FusedWorker.__qualname__ = "_".join([FusedWorkerCLSName, *classes])
+    return FusedWorker
+
+
+def create_colocated_worker_cls_fused(class_dict: dict[str, RayClassWithInitArgs]) -> RayClassWithInitArgs:
+    """Like ``create_colocated_worker_cls`` but role methods stay behind one entry point
+    (the class of :func:`create_colocated_worker_raw_cls`, ready for ``RayWorkerGroup``)."""
+    cia = RayClassWithInitArgs(cls=create_colocated_worker_raw_cls(class_dict))
     cia.fused_worker_used = True
     return cia

@@ -25,6 +25,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from verl.single_controller.base import ClassWithInitArgs, ResourcePool
 from verl.utils.device import get_ray_resource_name
+from verl.utils.unsupported import unsupported, unsupported_class
 
 PG_READY_TIMEOUT_S = float(os.environ.get("VERL_PG_READY_TIMEOUT_S", "60"))
 
@@ -151,6 +152,39 @@ class RayResourcePool(ResourcePool):
         deadline = time.monotonic() + wait_s
         while _free_cpus() + 1e-6 < before + freed and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def sort_placement_group_by_node_ip(pgs: list[PlacementGroup]) -> list[PlacementGroup]:
+    """Placement groups ordered by the IP of the node holding their first bundle.
+
+    Ranks then follow node order across runs, so a sharded checkpoint written by rank r on node n is read back
+    by the same rank after a restart.
+    """
+    ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    return sorted(pgs, key=lambda pg: ips.get(node_id_of_bundle(pg, 0) or "", ""))
+
+
+_SPLIT_POOLS = "splitting or merging resource pools (disaggregated rollout replicas of the agent loop)"
+_SPLIT_CONFIG = "actor_rollout_ref.rollout.mode=async with separate rollout resource pools"
+_SPLIT_INSTEAD = "one RayResourcePool per role, mapped by ResourcePoolManager"
+
+SubRayResourcePool = unsupported_class("SubRayResourcePool", _SPLIT_POOLS, _SPLIT_CONFIG, _SPLIT_INSTEAD,
+                                       bases=(RayResourcePool,), module=__name__)
+
+
+def split_resource_pool(resource_pool, split_size):
+    """verl: split one pool into sub-pools. Not supported yet (NotImplementedError naming the capability)."""
+    unsupported("split_resource_pool", _SPLIT_POOLS, _SPLIT_CONFIG, _SPLIT_INSTEAD)
+
+
+def merge_resource_pool(rp1, rp2):
+    """verl: join two pools into one. Not supported yet (NotImplementedError naming the capability)."""
+    unsupported("merge_resource_pool", _SPLIT_POOLS, _SPLIT_CONFIG, _SPLIT_INSTEAD)
+
+
+def extract_pg_from_exist(resource_pools, src_role_names, resource_pool):
+    """verl: reuse another role's placement groups. Not supported yet (NotImplementedError)."""
+    unsupported("extract_pg_from_exist", _SPLIT_POOLS, _SPLIT_CONFIG, _SPLIT_INSTEAD)
 
 
 def node_id_of_bundle(pg: PlacementGroup, bundle_index: int) -> str | None:

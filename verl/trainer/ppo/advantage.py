@@ -21,6 +21,7 @@ import torch
 
 from verl.trainer.ppo._cfg import cfg_get
 from verl.utils import torch_functional as verl_F
+from verl.utils.groupwise import as_torch_index, group_mean_std
 
 __all__ = [
     "AdvantageEstimator",
@@ -29,6 +30,8 @@ __all__ = [
     "get_adv_estimator_fn",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "compute_opo_outcome_advantage",
@@ -51,6 +54,8 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GRPO_PASSK = "grpo_passk"
     GPG = "gpg"
+    RLOO_VECTORIZED = "rloo_vectorized"
+    GRPO_VECTORIZED = "grpo_vectorized"
 
     def __str__(self) -> str:
         return self.value
@@ -188,6 +193,33 @@ def compute_grpo_outcome_advantage(
     return adv, adv
 
 
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config=None,
+    **kwargs,
+):
+    """GRPO / Dr.GRPO advantage (same definition as ``grpo``) computed with scatter-adds over group ids
+    (:func:`verl.utils.groupwise.group_mean_std`): A_i = (s_i - mean_g) / (std_g + epsilon), or s_i - mean_g.
+
+    As in verl, the group variance is floored at ``epsilon`` before the square root; this only matters for a
+    group whose scores are (nearly) all equal, where the numerator is (nearly) zero anyway.
+    """
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        gid = as_torch_index(index, device=scores.device)
+        mean_g, std_g, _ = group_mean_std(scores, gid, eps=epsilon)
+        adv = scores - mean_g[gid].to(scores.dtype)
+        if norm_adv_by_std_in_grpo:
+            adv = adv / (std_g[gid].to(scores.dtype) + epsilon)
+        adv = _broadcast(adv, response_mask)
+    return adv, adv
+
+
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -248,6 +280,27 @@ def compute_rloo_outcome_advantage(
         n, mean = group.size, group.mean
         leave_one_out = torch.where(n > 1, (scores - mean) * n / (n - 1).clamp(min=1), scores)
         adv = _broadcast(leave_one_out, response_mask)
+    return adv, adv
+
+
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index,
+    epsilon: float = 1e-6,
+    config=None,
+    **kwargs,
+):
+    """RLOO with group sums from ``bincount``: A_i = (n s_i - sum_group(s)) / (n - 1); 0 for a group of one
+    (verl's ``rloo_vectorized``; the loop ``rloo`` keeps a singleton's own score instead)."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        gid = as_torch_index(index, device=scores.device)
+        count = torch.bincount(gid)[gid].to(scores.dtype)
+        group_sum = torch.bincount(gid, weights=scores)[gid].to(scores.dtype)
+        adv = (count * scores - group_sum) / (count - 1).clamp_min(1) * (count > 1)
+        adv = _broadcast(adv, response_mask)
     return adv, adv
 
 

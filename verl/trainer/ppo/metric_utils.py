@@ -6,7 +6,7 @@
 - :func:`compute_throughout_metrics` ``perf/total_num_tokens``, ``perf/time_per_step``, ``perf/throughput``
 - :func:`process_validation_metrics` per data source: ``mean@N``, ``std@N``, bootstrapped ``best@n``/``worst@n``
   and, when a ``pred`` field exists, majority-vote ``maj@n``
-- :func:`reduce_metrics`             lists of per-micro-batch values -> one number per name
+- :func:`reduce_metrics`             re-export of :func:`verl.utils.metric.reduce_metrics`
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
+
+from verl.utils.metric import reduce_metrics  # re-exported: verl keeps the old import path working
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -34,23 +36,6 @@ __all__ = [
 
 # sections whose cost scales with all tokens (prompt + response); "gen" scales with response tokens only
 _ALL_TOKEN_SECTIONS = ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob")
-
-
-def reduce_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Reduce ``{name: list of values}`` to ``{name: number}``: the mean, except names whose last component
-    is ``max``/``min`` (or ends in ``_max``/``_min``), which take the max/min. Scalars pass through."""
-    out = {}
-    for name, vals in metrics.items():
-        last = name.rsplit("/", 1)[-1]
-        if np.isscalar(vals) or (torch.is_tensor(vals) and vals.dim() == 0):
-            out[name] = vals.item() if torch.is_tensor(vals) else vals
-        elif last == "max" or last.endswith("_max"):
-            out[name] = np.max(vals)
-        elif last == "min" or last.endswith("_min"):
-            out[name] = np.min(vals)
-        else:
-            out[name] = np.mean(vals)
-    return out
 
 
 def compute_response_info(batch: "DataProto") -> dict[str, torch.Tensor]:
@@ -189,18 +174,19 @@ def _sample_sizes(n_resps: int) -> list[int]:
 
 
 def process_validation_metrics(
-    data_sources: Sequence[str], sample_inputs: Sequence[str], infos_dict: dict[str, Sequence[Any]], seed: int = 42
+    data_sources: Sequence[str], sample_uids: Sequence[Any], infos_dict: dict[str, Sequence[Any]], seed: int = 42
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Validation metrics ``{data_source: {var_name: {metric_name: value}}}``.
 
-    Samples are grouped by (data source, prompt text). For each numeric variable in ``infos_dict`` (e.g.
+    Samples are grouped by (data source, ``sample_uids[i]``): the prompt's uid, as verl passes, or the prompt
+    text, which groups the same way. For each numeric variable in ``infos_dict`` (e.g.
     ``reward``, ``acc``) and each prompt with N responses: ``mean@N``; if N > 1 also ``std@N`` and, for
     n in 2, 4, ..., N, bootstrapped ``best@n/{mean,std}``, ``worst@n/{mean,std}`` and, when ``infos_dict``
     has a ``pred`` entry, ``maj@n/{mean,std}`` (the variable's value of the majority-voted prediction).
     Each metric is then averaged over the prompts of its data source. String variables are skipped.
     """
     grouped: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for i, (source, prompt) in enumerate(zip(data_sources, sample_inputs)):
+    for i, (source, prompt) in enumerate(zip(data_sources, sample_uids)):
         for var_name, values in infos_dict.items():
             grouped[source][prompt][var_name].append(values[i])
 

@@ -1,19 +1,52 @@
-"""Small driver-side helpers of the PPO trainer (kept out of ray_trainer.py so fit() stays readable)."""
+"""Small driver-side helpers of the PPO trainer (kept out of ray_trainer.py so fit() stays readable), and the
+``Role`` enum that maps worker roles onto resource pools (verl keeps it here; ``verl.single_controller.ray``
+and ``verl.trainer.ppo.ray_trainer`` re-export it)."""
 
 from __future__ import annotations
 
 import json
 import os
+from enum import Enum
 from typing import Any
 
 import numpy as np
 import torch
 
-from verl.single_controller.ray.base import Role
 from verl.trainer.config_schema import need_critic
 
-__all__ = ["Role", "need_critic", "need_reference_policy", "need_reward_model", "rollout_probs_diff_metrics",
-           "dump_generations", "entropy_metric"]
+__all__ = ["Role", "WorkerType", "need_critic", "need_reference_policy", "need_reward_model",
+           "rollout_probs_diff_metrics", "dump_generations", "entropy_metric"]
+
+
+WorkerType = type  # a worker class (a subclass of verl.single_controller.base.Worker)
+
+
+class Role(Enum):
+    """The roles a trainer places on resource pools (``ResourcePoolManager.mapping``); subclass to add more."""
+
+    Actor = 0
+    Rollout = 1
+    ActorRollout = 2
+    Critic = 3
+    RefPolicy = 4
+    RewardModel = 5
+    ActorRolloutRef = 6
+    Env = 7
+
+    def __str__(self) -> str:
+        return _ROLE_STRINGS.get(self.name, self.name.lower())
+
+    @classmethod
+    def from_string(cls, name: str) -> "Role":
+        """``"actor_rollout"`` -> ``Role.ActorRollout`` (the short names ``str(role)`` gives); ValueError otherwise."""
+        for role in cls:
+            if str(role) == name.lower():
+                return role
+        raise ValueError(f"No Role found for string: {name!r}; known: {[str(r) for r in cls]}")
+
+
+_ROLE_STRINGS = {"Actor": "actor", "Rollout": "rollout", "ActorRollout": "actor_rollout", "Critic": "critic",
+                 "RefPolicy": "ref", "RewardModel": "rm", "ActorRolloutRef": "actor_rollout_ref", "Env": "env"}
 
 
 def need_reference_policy(role_worker_mapping: dict) -> bool:

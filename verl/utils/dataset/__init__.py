@@ -13,6 +13,7 @@ _EXPORTS = {
     "get_dataset_class": "rl_dataset",
     "SFTDataset": "sft_dataset",
     "MultiTurnSFTDataset": "multiturn_sft_dataset",
+    "RMDataset": "rm_dataset",
 }
 
 __all__ = sorted(_EXPORTS)
