@@ -113,31 +113,39 @@ def test_cli_rejects_unknown_key_and_missing_model(assets, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ the loss
 def test_loss_counts_response_tokens_only(assets):
+    """The SFT loss on the training engine's forward (padding trimmed) equals a hand computation over the
+    response tokens of a right-padded batch."""
     from transformers import AutoModelForCausalLM
 
-    from verl.trainer.fsdp_sft_trainer import sft_loss_sums
+    from verl.trainer.fsdp_sft_trainer import sft_batch, sft_loss
+    from verl.workers.engine import FSDPEngine, LossContext, MicroBatchSpec
 
     model = AutoModelForCausalLM.from_pretrained(assets["model"]).eval()
+    engine = FSDPEngine(model, use_remove_padding=True)
     torch.manual_seed(0)
     ids = torch.randint(0, 256, (2, 10))
     attn = torch.ones_like(ids)
+    attn[:, 8:] = 0  # trailing padding columns (trimmed by the engine)
     attn[1, 7:] = 0  # right padding
     loss_mask = torch.zeros_like(ids)
-    loss_mask[0, 6:] = 1
+    loss_mask[0, 6:8] = 1
     loss_mask[1, 4:7] = 1
     batch = {"input_ids": ids, "attention_mask": attn, "position_ids": (attn.cumsum(-1) - 1).clamp(min=0), "loss_mask": loss_mask}
+    data = sft_batch(batch)
     with torch.no_grad():
-        s, n = sft_loss_sums(model, batch)
+        outputs = engine.infer(data, ("log_probs",), MicroBatchSpec(2))
+        loss, metrics = sft_loss(outputs, data.batch, LossContext(0, 0, 0, 1))
         logits = model(input_ids=ids, attention_mask=attn, position_ids=batch["position_ids"]).logits.float()
     logp = torch.log_softmax(logits, -1)
     # token t is predicted from position t - 1
     expected = -sum(logp[b, t - 1, ids[b, t]] for b in range(2) for t in range(1, 10) if loss_mask[b, t])
-    assert int(n) == int(loss_mask[:, 1:].sum()) == 7
-    torch.testing.assert_close(s, expected, rtol=1e-5, atol=1e-5)
+    assert int(data.batch["response_mask"].sum()) == 5
+    torch.testing.assert_close(metrics["sft/loss_sum"], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss, expected / 5, rtol=1e-5, atol=1e-5)
     # no response tokens: nothing is counted
-    with torch.no_grad():
-        s0, n0 = sft_loss_sums(model, dict(batch, loss_mask=torch.zeros_like(loss_mask)))
-    assert float(s0) == 0.0 and float(n0) == 0.0
+    empty = sft_batch(dict(batch, loss_mask=torch.zeros_like(loss_mask)))
+    loss0, metrics0 = sft_loss(outputs, empty.batch, LossContext(0, 0, 0, 1))
+    assert float(loss0) == 0.0 and float(metrics0["sft/loss_sum"]) == 0.0
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -173,14 +181,17 @@ def test_sft_lowers_loss_and_saves_loadable_hf_dir(assets, six_steps):
     assert not torch.equal(w_new, w_old)
     assert trained.lm_head.weight.data_ptr() == w_new.data_ptr()  # tied embeddings survive the export
     # the saved model reproduces the logged validation loss: the weights written are the weights trained
-    from verl.trainer.fsdp_sft_trainer import sft_loss_sums
     from verl.utils.dataset.sft_dataset import SFTDataset
 
     ds = SFTDataset(assets["test"], tok, {"prompt_key": "prompt", "response_key": "response", "max_length": 32})
     batch = torch.utils.data.default_collate([ds[i] for i in range(len(ds))])
-    with torch.no_grad():
-        s, n = sft_loss_sums(trained.eval(), batch)
-    assert abs(float(s / n) - vals[-1]) < 1e-4
+    with torch.no_grad():  # plain HF cross-entropy over the response tokens, no engine involved
+        logits = trained.eval()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                position_ids=batch["position_ids"]).logits[:, :-1].float()
+    mask = batch["loss_mask"][:, 1:].float()
+    token_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   batch["input_ids"][:, 1:].reshape(-1), reduction="none")
+    assert abs(float((token_loss.view_as(mask) * mask).sum() / mask.sum()) - vals[-1]) < 1e-4
 
 
 @pytest.mark.e2e

@@ -316,46 +316,57 @@ def test_hybrid_engine_with_vllm_rollout(model_dir, ray_instance, prompts):
 
 
 # ------------------------------------------------------------------------------------ unit tests (no Ray)
-def test_batch_size_normalisation_and_errors():
-    from verl.workers.config_utils import normalize_log_prob_batch_sizes, normalize_ppo_batch_sizes
+def test_batch_size_derivation_and_errors():
+    from verl.workers.config_utils import log_prob_micro_size, ppo_batch_sizes
 
     cfg = OmegaConf.create({"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4})
-    normalize_ppo_batch_sizes(cfg, rollout_n=4, dp_size=2, prefix="actor_rollout_ref.actor")
-    assert cfg.ppo_mini_batch_size == 16  # 8 prompts * 4 samples / 2 ranks
-    normalize_ppo_batch_sizes(cfg, rollout_n=4, dp_size=2, prefix="actor_rollout_ref.actor")  # idempotent
-    assert cfg.ppo_mini_batch_size == 16
+    sizes = ppo_batch_sizes(cfg, rollout_n=4, dp_size=2, prefix="actor_rollout_ref.actor")
+    assert (sizes.mini_batch_size, sizes.micro_batch_size) == (16, 4)  # 8 prompts * 4 samples / 2 ranks
+    assert cfg.ppo_mini_batch_size == 8  # the config is only read
     legacy = OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 4})
-    normalize_ppo_batch_sizes(legacy, rollout_n=1, dp_size=2, prefix="critic")
-    assert legacy.ppo_micro_batch_size_per_gpu == 2
+    assert ppo_batch_sizes(legacy, rollout_n=1, dp_size=2, prefix="critic").micro_batch_size == 2
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.ppo_mini_batch_size.*divisible"):
-        normalize_ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 3, "ppo_micro_batch_size_per_gpu": 1}),
-                                  rollout_n=1, dp_size=2, prefix="actor_rollout_ref.actor")
+        ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 3, "ppo_micro_batch_size_per_gpu": 1}),
+                        rollout_n=1, dp_size=2, prefix="actor_rollout_ref.actor")
     with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu=3"):
-        normalize_ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 3}),
-                                  rollout_n=1, dp_size=2, prefix="actor_rollout_ref.actor")
+        ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 3}),
+                        rollout_n=1, dp_size=2, prefix="actor_rollout_ref.actor")
     with pytest.raises(ValueError, match="set critic.ppo_micro_batch_size_per_gpu"):
-        normalize_ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4}), rollout_n=1, dp_size=2,
-                                  prefix="critic")
-    rollout = OmegaConf.create({"log_prob_micro_batch_size": 8})
-    normalize_log_prob_batch_sizes(rollout, dp_size=4, prefix="actor_rollout_ref.rollout")
-    assert rollout.log_prob_micro_batch_size_per_gpu == 2
+        ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4}), rollout_n=1, dp_size=2, prefix="critic")
+    with pytest.raises(ValueError, match="set only one of critic.ppo_micro_batch_size"):
+        ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4, "ppo_micro_batch_size": 4,
+                                          "ppo_micro_batch_size_per_gpu": 1}), rollout_n=1, dp_size=2, prefix="critic")
+    # dynamic batch size: no micro size needed
+    assert ppo_batch_sizes(OmegaConf.create({"ppo_mini_batch_size": 4, "use_dynamic_bsz": True}), rollout_n=2,
+                           dp_size=2, prefix="critic").micro_batch_size is None
+    assert log_prob_micro_size(OmegaConf.create({"log_prob_micro_batch_size": 8}), 4, "actor_rollout_ref.rollout",
+                               False) == 2
+    with pytest.raises(ValueError, match="set actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        log_prob_micro_size(OmegaConf.create({}), 2, "actor_rollout_ref.ref", False)
 
 
-def test_worker_config_copy_resolves_interpolations():
-    """Workers get subtrees of ppo_trainer.yaml; their private copies keep cross-tree interpolated values."""
+def test_worker_config_copy_is_resolved_and_read_only():
+    """Workers get subtrees of ppo_trainer.yaml; their private copies keep cross-tree interpolated values and
+    cannot be written to."""
     from hydra import compose, initialize_config_dir
+    from omegaconf.errors import ReadonlyConfigError
 
-    from verl.workers.config_utils import as_mutable_config, normalize_ppo_batch_sizes
+    from verl.workers.config_utils import ppo_batch_sizes, read_only_config
 
     config_dir = os.path.join(os.path.dirname(__file__), "..", "..", "verl", "trainer", "config")
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
         cfg = compose("ppo_trainer", overrides=["actor_rollout_ref.actor.ppo_mini_batch_size=6",
                                                 "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                                "actor_rollout_ref.rollout.n=2",
                                                 "critic.ppo_micro_batch_size_per_gpu=1"])
-    critic = as_mutable_config(cfg.critic, copy=True)
-    assert critic.ppo_mini_batch_size == 6 and critic.use_dynamic_bsz is True
-    normalize_ppo_batch_sizes(critic, rollout_n=2, dp_size=2, prefix="critic")
-    assert critic.ppo_mini_batch_size == 6 and cfg.critic.ppo_mini_batch_size == 6  # the original is untouched
+    critic = read_only_config(cfg.critic)
+    assert critic.ppo_mini_batch_size == 6 and critic.use_dynamic_bsz is True and critic.rollout_n == 2
+    assert ppo_batch_sizes(critic, rollout_n=2, dp_size=2, prefix="critic").mini_batch_size == 6
+    with pytest.raises(ReadonlyConfigError):
+        critic.ppo_mini_batch_size = 3
+    with pytest.raises(ReadonlyConfigError):
+        critic.optim.lr = 1.0
+    assert cfg.critic.ppo_mini_batch_size == 6  # the original is untouched
 
 
 def test_reward_model_retokenises_with_chat_template(model_dir):

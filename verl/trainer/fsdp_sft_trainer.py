@@ -13,14 +13,16 @@ What it does, and the key that controls each part:
   ``MultiTurnSFTDataset`` (``data.multiturn.enable=True``), or your class (``data.custom_cls.{path,name}``).
   Each row gives ``input_ids``, ``attention_mask``, ``position_ids`` and ``loss_mask`` (1 on the response
   tokens themselves, token-aligned: a custom dataset must follow the same convention);
-  ``data.max_length`` / ``data.truncation`` bound the length. Trailing padding columns are cut per micro-batch
-  (the results are the same, the compute is not wasted: ``use_remove_padding`` needs no separate path).
+  ``data.max_length`` / ``data.truncation`` bound the length. Padding columns are cut per micro-batch (trimmed,
+  or packed with flash attention: the results are the same, the compute is not wasted).
 - batches: ``data.train_batch_size`` rows (all processes together) per optimizer step, split into
   micro-batches of ``data.micro_batch_size_per_gpu`` rows per process whose gradients accumulate.
 - loss: next-token cross-entropy on the response tokens only, summed and divided by the number of response
   tokens in the whole global batch. This makes the loss (and the update) independent of how the batch is split
   into processes and micro-batches: 1 process and 2 processes give the same numbers (verl's
   ``data.balance_dp_token`` aims at the same effect; here it is always on).
+- engine: the same training engine as the PPO roles (``verl.workers.engine``); the SFT loss is a loss function
+  handed to it.
 - model: ``model.partial_pretrain`` (a local HF dir) in ``model.fsdp_config.model_dtype``, sharded with FSDP2;
   ``model.lora_rank > 0`` trains LoRA adapters (``lora_alpha``, ``target_modules``);
   ``model.enable_gradient_checkpointing``.
@@ -54,24 +56,29 @@ from contextlib import closing
 import hydra
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.data import DataLoader, DistributedSampler, default_collate
+from transformers import AutoTokenizer
 
+from verl.protocol import DataProto
 from verl.trainer.sft.config import SFTPlan, validate_sft_config
-from verl.trainer.sft.hf_export import (
-    HF_SUBDIR,
-    latest_step,
-    mark_latest,
-    prune_checkpoints,
-    save_hf_model_dir,
-    step_dir,
-)
-from verl.utils.config import ConfigError
-from verl.utils.device import collective_device
+from verl.utils.checkpoint.hf_export import HF_SUBDIR, latest_step, mark_latest, prune_checkpoints, step_dir
+from verl.utils.config import ConfigError, check_overrides
+from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+from verl.utils.dataset.sft_dataset import SFTDataset
+from verl.utils.device import collective_device, get_device, get_dist_backend, resolve_device, set_device
+from verl.utils.fs import copy_to_local
+from verl.utils.import_utils import import_external_libs, load_extern_type
+from verl.utils.model import check_model_dir, print_model_size
+from verl.utils.tracking import Tracking
+from verl.workers.engine import MicroBatchSpec, TrainSpec, get_engine_cls
+from verl.workers.engine.config import sft_engine_config
 
 EXIT_CONFIG_ERROR = 2
 
-__all__ = ["FSDPSFTTrainer", "create_sft_dataset", "run_sft", "main", "sft_loss_sums"]
+__all__ = ["FSDPSFTTrainer", "create_sft_dataset", "run_sft", "main", "sft_batch", "sft_loss"]
 
 
 # ------------------------------------------------------------------------------------------------ process group
@@ -83,8 +90,6 @@ def _free_port() -> int:
 
 def initialize_global_process_group(device: str) -> tuple[int, int, int]:
     """(local_rank, rank, world_size). Under torchrun the env is set; a plain process becomes a group of one."""
-    from verl.utils.device import get_dist_backend, set_device
-
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -112,13 +117,11 @@ def create_sft_dataset(data_paths, data_config, tokenizer, max_samples: int = -1
     """``data.custom_cls`` if set, else ``MultiTurnSFTDataset`` (``data.multiturn.enable``) or ``SFTDataset``."""
     custom = data_config.get("custom_cls", None) or {}
     if custom.get("path", None):
-        from verl.utils.import_utils import load_extern_type
-
         dataset_cls = load_extern_type(custom.path, custom.name)
     elif (data_config.get("multiturn", None) or {}).get("enable", False):
-        from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset as dataset_cls
+        dataset_cls = MultiTurnSFTDataset
     else:
-        from verl.utils.dataset.sft_dataset import SFTDataset as dataset_cls
+        dataset_cls = SFTDataset
     kwargs = dict(parquet_files=data_paths, tokenizer=tokenizer, config=data_config)
     if "max_samples" in inspect.signature(dataset_cls.__init__).parameters:
         kwargs["max_samples"] = max_samples
@@ -128,34 +131,26 @@ def create_sft_dataset(data_paths, data_config, tokenizer, max_samples: int = -1
     return dataset
 
 
-def _trim_padding(batch: dict) -> dict:
-    """Drop the columns after the last real token of the batch (right padding; causal model: same results)."""
-    mask = batch["attention_mask"]
-    cols = mask.any(dim=0).nonzero()
-    length = int(cols.max()) + 1 if cols.numel() else 1
-    return {k: (v[:, :length] if torch.is_tensor(v) and v.dim() == 2 and v.shape[1] == mask.shape[1] else v)
-            for k, v in batch.items()}
-
-
-def sft_loss_sums(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of next-token cross-entropy over response tokens, number of those tokens) for one micro-batch.
+def sft_batch(batch: dict) -> DataProto:
+    """A collated SFT batch in the engine's response convention: every next-token prediction is a "response"
+    position (``responses = input_ids[:, 1:]``), weighted by ``loss_mask[:, 1:]``.
 
     ``loss_mask[t] = 1`` means token ``t`` is a response token (the datasets' convention), so the loss of
     predicting ``input_ids[:, 1:]`` from the logits at ``[:, :-1]`` is weighted by ``loss_mask[:, 1:]``.
     """
-    batch = _trim_padding(batch)
     input_ids = batch["input_ids"]
-    output = model(
-        input_ids=input_ids,
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-    )
-    logits = output.logits[:, :-1].float()
-    labels = input_ids[:, 1:]
-    mask = batch["loss_mask"][:, 1:].to(logits.dtype)
-    token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-    return (token_loss.view_as(mask) * mask).sum(), mask.sum()
+    return DataProto.from_dict({
+        "input_ids": input_ids, "attention_mask": batch["attention_mask"], "position_ids": batch["position_ids"],
+        "responses": input_ids[:, 1:], "response_mask": batch["loss_mask"][:, 1:].to(torch.float32),
+    })
+
+
+def sft_loss(outputs: dict, micro, ctx) -> tuple[torch.Tensor, dict]:
+    """Next-token cross-entropy, mean over the micro-batch's response tokens (the engine weights micro-batches
+    by their share of the global batch's tokens, so the step is d(total loss / total tokens))."""
+    mask = micro["response_mask"]
+    loss_sum = -(outputs["log_probs"] * mask).sum()
+    return loss_sum / mask.sum().clamp(min=1.0), {"sft/loss_sum": loss_sum}
 
 
 def _all_reduce_sum(*values: float | torch.Tensor) -> list[float]:
@@ -172,8 +167,6 @@ class FSDPSFTTrainer:
 
     def __init__(self, config: DictConfig, device_mesh, tokenizer, train_dataset, val_dataset=None,
                  plan: SFTPlan | None = None, ulysses_device_mesh=None):
-        from verl.utils.device import get_device
-
         self.config = config
         self.device_mesh = device_mesh
         self.tokenizer = tokenizer
@@ -184,12 +177,9 @@ class FSDPSFTTrainer:
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self._build_dataloader()
         self._build_model_optimizer()
-        self.checkpoint_manager = self._maybe_checkpoint_manager()
 
     # ---------------------------------------------------------------- setup
     def _build_dataloader(self) -> None:
-        from torch.utils.data import DataLoader, DistributedSampler
-
         plan = self.plan
         if len(self.train_dataset) < plan.global_batch_size:
             raise ConfigError(
@@ -215,8 +205,6 @@ class FSDPSFTTrainer:
     def _val_batches(self):
         """This rank's share of the validation rows (i::world), padded to equal counts with weight-0 rows, so
         every rank runs the same number of forward passes (FSDP collectives) and no row counts twice."""
-        from torch.utils.data import default_collate
-
         n = len(self.val_dataset)
         per_rank = math.ceil(n / self.world_size)
         idx = list(range(self.rank, n, self.world_size))
@@ -231,105 +219,47 @@ class FSDPSFTTrainer:
             yield batch
 
     def _build_model_optimizer(self) -> None:
-        from verl.utils.fs import copy_to_local
-        from verl.utils.fsdp_utils import (
-            apply_fsdp2,
-            apply_lora,
-            build_lr_scheduler,
-            build_optimizer,
-            enable_gradient_checkpointing,
-        )
-        from verl.utils.import_utils import import_external_libs
-        from verl.utils.model import load_causal_lm, print_model_size
-
+        """The training engine (``verl.workers.engine``): model, LoRA, FSDP2, optimizer and LR schedule."""
         cfg = self.config.model
         import_external_libs(cfg.get("external_lib", None))
         local_path = copy_to_local(cfg.partial_pretrain, use_shm=bool(cfg.get("use_shm", False)))
-        torch.manual_seed(int(self.config.trainer.seed))
-        model = load_causal_lm(local_path, dtype=cfg.fsdp_config.get("model_dtype", "fp32"),
-                               trust_remote_code=bool(cfg.get("trust_remote_code", False)))
-        model.config.use_cache = False
-        if int(cfg.get("lora_rank", 0) or 0) > 0:
-            model = apply_lora(model, int(cfg.lora_rank), cfg.get("lora_alpha", 16), cfg.get("target_modules", "all-linear"))
-        if cfg.get("enable_gradient_checkpointing", False):
-            enable_gradient_checkpointing(model)
+        engine_config = sft_engine_config(self.config, local_path, self.total_steps)
+        self.engine = get_engine_cls(engine_config.strategy).build(engine_config, self.device_mesh,
+                                                                  tokenizer=self.tokenizer)
         if self.rank == 0:
-            print_model_size(model)
-        if self.device.type != "cpu":
-            model = model.to(self.device)
-        offload = bool(cfg.fsdp_config.get("cpu_offload", False) or cfg.fsdp_config.get("offload_params", False))
-        self.model = apply_fsdp2(model, {"offload_policy": offload}, self.device_mesh)
-        optim = self.config.optim
-        self.optimizer = build_optimizer(self.model.parameters(), {
-            "lr": float(optim.lr), "betas": list(optim.betas), "weight_decay": float(optim.weight_decay),
-        })
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, {
-            "lr_warmup_steps_ratio": float(optim.get("lr_warmup_steps_ratio", 0.0)),
-            "lr_scheduler_type": optim.get("lr_scheduler", "cosine"),
-        }, total_steps=self.total_steps)
+            print_model_size(self.engine.module)
 
-    def _maybe_checkpoint_manager(self):
-        contents = set(self.config.trainer.checkpoint.get("save_contents", []) or [])
-        if not contents & {"model", "optimizer", "extra"}:
-            return None
-        try:
-            from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
-        except ImportError:
-            return None
-        try:
-            return FSDPCheckpointManager(model=self.model, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
-                                         processing_class=self.tokenizer, checkpoint_config=self.config.trainer.checkpoint)
-        except TypeError:
-            return FSDPCheckpointManager(self.model, self.optimizer, self.lr_scheduler, self.tokenizer)
+    def _checkpoint_contents(self) -> set:
+        return set(self.config.trainer.checkpoint.get("save_contents", []) or []) & {"model", "optimizer", "extra"}
 
     # ---------------------------------------------------------------- steps
-    def _micro_batches(self, batch: dict) -> list[dict]:
-        mbs = self.plan.micro_batch_size_per_rank
-        n = batch["input_ids"].shape[0]
-        return [{k: v[i:i + mbs].to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
-                for i in range(0, n, mbs)]
-
     def training_step(self, batch: dict) -> dict:
         """One optimizer step over this rank's share of the global batch; returns metrics (same on every rank)."""
-        from verl.utils.fsdp_utils import clip_grad_norm_
-
-        self.model.train()
-        micro_batches = self._micro_batches(batch)
-        local_tokens = sum(float(mb["loss_mask"][:, 1:].sum()) for mb in micro_batches)
-        (global_tokens,) = _all_reduce_sum(local_tokens)
+        data = sft_batch(batch)
+        (global_tokens,) = _all_reduce_sum(data.batch["response_mask"].sum())
         if global_tokens == 0:
             raise RuntimeError("this batch has no response tokens: check data.response_key / data.max_length / truncation")
-        loss_sum = 0.0
-        sync = getattr(self.model, "set_requires_gradient_sync", None)
-        for i, mb in enumerate(micro_batches):
-            if sync is not None:
-                sync(i == len(micro_batches) - 1)  # reduce gradients once, after the last micro-batch
-            s, _ = sft_loss_sums(self.model, mb)
-            # FSDP averages gradients over ranks, hence the world-size factor: the update is d(sum / tokens)
-            (s * (self.world_size / global_tokens)).backward()
-            loss_sum += float(s.detach())
-        grad_norm = clip_grad_norm_(self.model.parameters(), float(self.config.optim.clip_grad))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        elif self.rank == 0:
-            print(f"warning: grad norm is {grad_norm}; skipping this optimizer step", flush=True)
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
-        (total_loss,) = _all_reduce_sum(loss_sum)
-        return {"train/loss": total_loss / global_tokens, "train/lr(1e-3)": lr * 1e3, "train/grad_norm": grad_norm}
+        spec = TrainSpec(mini_batch_size=len(data), micro=MicroBatchSpec(self.plan.micro_batch_size_per_rank),
+                         weight_by="tokens", outputs=("log_probs",), reduce_grads_once=True,
+                         grad_norm_key="train/grad_norm")
+        metrics = self.engine.train_batch(data, sft_loss, spec)
+        lr = self.engine.lr_scheduler_step()
+        (total_loss,) = _all_reduce_sum(sum(metrics["sft/loss_sum"]))
+        return {"train/loss": total_loss / global_tokens, "train/lr(1e-3)": lr * 1e3,
+                "train/grad_norm": metrics["train/grad_norm"][0]}
 
-    @torch.no_grad()
     def validation_loss(self) -> float | None:
         """Mean response-token loss over the whole validation set (exact, whatever the number of processes)."""
         if self.val_dataset is None or len(self.val_dataset) == 0:
             return None
-        self.model.eval()
         loss_sum = tokens = 0.0
+        micro = MicroBatchSpec(self.plan.micro_batch_size_per_rank)
         for batch in self._val_batches():
-            s, n = sft_loss_sums(self.model, {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)})
-            loss_sum += float(s)
-            tokens += float(n)
+            data = sft_batch(batch)
+            log_probs = self.engine.infer(data, ("log_probs",), micro)["log_probs"]
+            mask = data.batch["response_mask"].to(log_probs.dtype)
+            loss_sum -= float((log_probs * mask).sum())
+            tokens += float(mask.sum())
         loss_sum, tokens = _all_reduce_sum(loss_sum, tokens)
         return loss_sum / max(tokens, 1.0)
 
@@ -338,10 +268,10 @@ class FSDPSFTTrainer:
         """HF model dir at ``global_step_<step>/huggingface`` (+ resumable state when available); returns its path."""
         root = os.path.expanduser(self.config.trainer.default_local_dir)
         path = step_dir(root, step)
-        if self.checkpoint_manager is not None:
-            self.checkpoint_manager.save_checkpoint(local_path=path, global_step=step)
+        if self._checkpoint_contents():
+            self.engine.save_checkpoint(path, global_step=step)
         hf_dir = os.path.join(path, HF_SUBDIR)
-        save_hf_model_dir(self.model, self.tokenizer, hf_dir, rank=self.rank)
+        self.engine.save_hf_model(hf_dir, self.tokenizer)
         if self.rank == 0:
             mark_latest(root, step)
             prune_checkpoints(root, self.config.trainer.get("max_ckpt_to_keep"))
@@ -366,12 +296,12 @@ class FSDPSFTTrainer:
             if step is None:
                 return 0
             path = step_dir(os.path.expanduser(tr.default_local_dir), step)
-        if self.checkpoint_manager is None:
+        if not self._checkpoint_contents():
             raise ConfigError(
-                f"found a checkpoint at {path} but resuming needs verl.utils.checkpoint (model/optimizer state), "
-                "which is not available; set trainer.resume_mode=disable to start over"
+                f"found a checkpoint at {path} but trainer.checkpoint.save_contents has no model/optimizer/extra "
+                "state to resume from; set trainer.resume_mode=disable to start over"
             )
-        self.checkpoint_manager.load_checkpoint(path)
+        self.engine.load_checkpoint(path)
         if self.rank == 0:
             print(f"resumed from {path} (step {step})", flush=True)
         return step
@@ -379,8 +309,6 @@ class FSDPSFTTrainer:
     # ---------------------------------------------------------------- loop
     def fit(self) -> dict:
         """Train for ``total_steps``; returns the last metrics (with ``val/loss`` if validation ran)."""
-        from verl.utils.tracking import Tracking
-
         tr = self.config.trainer
         tracker = None
         if self.rank == 0:
@@ -422,8 +350,6 @@ class FSDPSFTTrainer:
 
 # ------------------------------------------------------------------------------------------------ entry
 def load_tokenizer(path: str, trust_remote_code: bool = False, chat_template: str | None = None):
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -434,12 +360,6 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, chat_template: st
 
 def run_sft(config: DictConfig) -> dict:
     """Validate, set up the process group, build datasets and train. Returns the last metrics."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from verl.utils.device import resolve_device
-    from verl.utils.fs import copy_to_local
-    from verl.utils.model import check_model_dir
-
     try:
         device = resolve_device(config.trainer.get("device", "auto"))
     except ValueError as e:
@@ -481,10 +401,6 @@ def main(config: DictConfig) -> None:
 
 def _precheck_cli(argv: list[str]) -> None:
     """Unknown / misspelled keys fail with a "did you mean" hint before Hydra composes the config."""
-    from hydra import compose, initialize_config_dir
-
-    from verl.utils.config import check_overrides
-
     if any(a.startswith("-") for a in argv):  # --help, --cfg, -cn ...: leave to Hydra
         return
     overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]

@@ -7,40 +7,43 @@ verl's batch-size keys are *global* on the driver side and *per device* inside a
 * the deprecated global ``ppo_micro_batch_size`` / ``log_prob_micro_batch_size`` are divided by ``dp_size`` and
   become the ``*_per_gpu`` keys ("per gpu" = per device; one CPU process counts as one device).
 
-Every failure names the key and says what would divide.
+Every failure names the key and says what would divide. The functions only read the config: the derived
+sizes are returned as a frozen record, computed once when a worker starts.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = [
-    "as_mutable_config",
-    "normalize_ppo_batch_sizes",
-    "normalize_log_prob_batch_sizes",
-    "normalize_micro_key",
-    "memory_metrics",
-]
+
+__all__ = ["read_only_config", "PPOBatchSizes", "ppo_batch_sizes", "per_device_micro_size", "log_prob_micro_size", "memory_metrics"]
 
 
-def as_mutable_config(config: Any, copy: bool = False) -> DictConfig:
-    """An OmegaConf DictConfig we may add keys to (dicts are converted; struct mode is switched off).
+def read_only_config(config: Any) -> DictConfig:
+    """A worker's private, resolved, read-only copy of its config section.
 
-    ``copy=True`` returns a private deep copy: roles colocated in one process can receive the very same config
-    object, and one role's normalisation must not leak into another's.
+    Resolved: a section keeps interpolations into the whole tree (``${oc.select:actor_rollout_ref.rollout.n,1}``),
+    which a detached copy could no longer follow. Read-only: a worker derives what it needs once and never
+    writes back (an attempt raises), so colocated roles that share one config object cannot leak into each other.
     """
-    if not isinstance(config, DictConfig):
-        config = OmegaConf.create(config if config is not None else {})
-    elif copy:
-        # resolve first: a subtree keeps its root, so absolute interpolations (${oc.select:actor_rollout_ref...})
-        # still see the whole config here, but not in a detached copy
-        config = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
-    OmegaConf.set_struct(config, False)
-    return config
+    if isinstance(config, DictConfig):
+        config = OmegaConf.to_container(config, resolve=True)
+    node = OmegaConf.create(config if config is not None else {})
+    OmegaConf.set_readonly(node, True)
+    return node
+
+
+@dataclass(frozen=True)
+class PPOBatchSizes:
+    """Per-device sizes of one PPO update, derived once from the global keys (see module docstring)."""
+
+    mini_batch_size: int  # responses per device per mini-batch (one optimizer step)
+    micro_batch_size: int | None  # responses per forward/backward; None with a token budget (dynamic bsz)
 
 
 def _divide(value: int, dp_size: int, key: str, what: str) -> int:
@@ -54,55 +57,46 @@ def _divide(value: int, dp_size: int, key: str, what: str) -> int:
     return result
 
 
-def normalize_micro_key(cfg: DictConfig, global_key: str, per_gpu_key: str, dp_size: int, prefix: str) -> None:
-    """``cfg.<global_key>`` (deprecated, global) -> ``cfg.<per_gpu_key>``, divided by ``dp_size``."""
+def per_device_micro_size(cfg: Any, global_key: str, per_gpu_key: str, dp_size: int, prefix: str) -> int | None:
+    """``cfg.<per_gpu_key>``, or the deprecated global ``cfg.<global_key>`` divided by ``dp_size``."""
     global_value = cfg.get(global_key)
-    if global_value is not None:
-        per_gpu = _divide(int(global_value), dp_size, f"{prefix}.{global_key}", global_key)
-        if cfg.get(per_gpu_key) not in (None, per_gpu):
-            raise ValueError(f"set only one of {prefix}.{global_key} (deprecated) and {prefix}.{per_gpu_key}")
-        cfg[global_key] = per_gpu
-        cfg[per_gpu_key] = per_gpu
+    per_gpu = cfg.get(per_gpu_key)
+    if global_value is None:
+        return None if per_gpu is None else int(per_gpu)
+    derived = _divide(int(global_value), dp_size, f"{prefix}.{global_key}", global_key)
+    if per_gpu not in (None, derived):
+        raise ValueError(f"set only one of {prefix}.{global_key} (deprecated) and {prefix}.{per_gpu_key}")
+    return derived
 
 
-def normalize_ppo_batch_sizes(cfg: DictConfig, *, rollout_n: int, dp_size: int, prefix: str,
-                              use_dynamic_bsz: bool | None = None) -> None:
-    """Turn ``cfg.ppo_mini_batch_size`` (prompts, global) into responses per device, in place; check the micro size.
+def ppo_batch_sizes(cfg: Any, *, rollout_n: int, dp_size: int, prefix: str,
+                    use_dynamic_bsz: bool | None = None) -> PPOBatchSizes:
+    """``ppo_mini_batch_size`` (prompts, global) as responses per device, and the checked micro size.
 
-    ``cfg`` is the actor (``actor_rollout_ref.actor``) or the critic subtree. Idempotent via a marker key.
+    ``cfg`` is the actor (``actor_rollout_ref.actor``) or the critic section; it is only read.
     """
-    if cfg.get("_normalized_dp_size") is not None:
-        return
     mini = cfg.get("ppo_mini_batch_size")
     if mini is None:
         raise ValueError(f"{prefix}.ppo_mini_batch_size is not set")
     mini = _divide(int(mini) * int(rollout_n), dp_size, f"{prefix}.ppo_mini_batch_size",
                    f"ppo_mini_batch_size * rollout.n ({mini} * {rollout_n})")
-    cfg.ppo_mini_batch_size = mini
-    normalize_micro_key(cfg, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp_size, prefix)
+    micro = per_device_micro_size(cfg, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp_size, prefix)
     dynamic = bool(cfg.get("use_dynamic_bsz", False)) if use_dynamic_bsz is None else use_dynamic_bsz
-    micro = cfg.get("ppo_micro_batch_size_per_gpu")
     if not dynamic:
         if micro is None:
             raise ValueError(f"set {prefix}.ppo_micro_batch_size_per_gpu (samples per forward/backward on one "
                              f"device), or {prefix}.use_dynamic_bsz=True")
-        if mini % int(micro) != 0:
+        if mini % micro != 0:
             raise ValueError(f"{prefix}: the per-device mini-batch ({mini} = ppo_mini_batch_size * rollout.n / "
                              f"{dp_size}) is not divisible by ppo_micro_batch_size_per_gpu={micro}; choose a "
                              f"micro batch size that divides {mini}")
-    cfg["_normalized_dp_size"] = dp_size
+    return PPOBatchSizes(mini_batch_size=mini, micro_batch_size=micro)
 
 
-def normalize_log_prob_batch_sizes(cfg: DictConfig, dp_size: int, prefix: str) -> None:
-    """``log_prob_micro_batch_size`` (global, deprecated) -> ``log_prob_micro_batch_size_per_gpu``."""
-    if cfg.get("_normalized_log_prob_dp_size") is not None:
-        return
-    normalize_micro_key(cfg, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp_size, prefix)
-    cfg["_normalized_log_prob_dp_size"] = dp_size
-
-
-def require_log_prob_micro(cfg: DictConfig, prefix: str, use_dynamic_bsz: bool) -> int | None:
-    micro = cfg.get("log_prob_micro_batch_size_per_gpu")
+def log_prob_micro_size(cfg: Any, dp_size: int, prefix: str, use_dynamic_bsz: bool) -> int | None:
+    """``log_prob_micro_batch_size_per_gpu`` (or the deprecated global key / dp); required without dynamic bsz."""
+    micro = per_device_micro_size(cfg, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp_size,
+                                  prefix)
     if micro is None and not use_dynamic_bsz:
         raise ValueError(f"set {prefix}.log_prob_micro_batch_size_per_gpu (samples per forward on one device), or "
                          f"{prefix}.log_prob_use_dynamic_bsz=True")

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import torch
 
-from verl.trainer.ppo.utils import entropy_metric, rollout_probs_diff_metrics
+from verl.trainer.ppo.core_algos import agg_loss
 
-__all__ = ["IS_LEVELS", "compute_rollout_is_weights", "on_policy_metrics", "truncated_is_weights"]
+__all__ = ["IS_LEVELS", "compute_rollout_is_weights", "on_policy_metrics", "truncated_is_weights",
+           "rollout_probs_diff_metrics", "entropy_metric"]
 
 IS_LEVELS = (None, "token", "sequence")
 _LOG_RATIO_BOUND = 20.0
@@ -67,6 +68,27 @@ def compute_rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: t
             "rollout_corr/rollout_is_truncated_frac": (raw[valid] > threshold).double().mean().item(),
         }
     return weights, metrics
+
+
+def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                               response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the rollout engine's token probabilities are from the trainer's (hybrid-engine sync check).
+
+    |exp(rollout_log_prob) - exp(old_log_prob)| over valid response tokens: max, mean, std.
+    """
+    mask = response_mask.bool()
+    if mask.sum() == 0:
+        return {}
+    diff = (rollout_log_probs.float().exp() - old_log_probs.float().exp()).abs()[mask]
+    return {
+        "training/rollout_probs_diff_max": diff.max().item(),
+        "training/rollout_probs_diff_mean": diff.mean().item(),
+        "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
+    }
+
+
+def entropy_metric(entropys: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    return agg_loss(loss_mat=entropys, loss_mask=response_mask, loss_agg_mode=loss_agg_mode).detach().item()
 
 
 def on_policy_metrics(on_policy: dict, rollout_log_probs: torch.Tensor | None, response_mask: torch.Tensor,

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from verl.trainer.config_schema import need_critic
+from verl.trainer.ppo.rollout_corr import entropy_metric, rollout_probs_diff_metrics
 
 __all__ = ["Role", "WorkerType", "need_critic", "need_reference_policy", "need_reward_model",
            "rollout_probs_diff_metrics", "dump_generations", "entropy_metric"]
@@ -55,29 +56,6 @@ def need_reference_policy(role_worker_mapping: dict) -> bool:
 
 def need_reward_model(role_worker_mapping: dict) -> bool:
     return Role.RewardModel in role_worker_mapping
-
-
-def rollout_probs_diff_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
-                               response_mask: torch.Tensor) -> dict[str, float]:
-    """How far the rollout engine's token probabilities are from the trainer's (hybrid-engine sync check).
-
-    |exp(rollout_log_prob) - exp(old_log_prob)| over valid response tokens: max, mean, std.
-    """
-    mask = response_mask.bool()
-    if mask.sum() == 0:
-        return {}
-    diff = (rollout_log_probs.float().exp() - old_log_probs.float().exp()).abs()[mask]
-    return {
-        "training/rollout_probs_diff_max": diff.max().item(),
-        "training/rollout_probs_diff_mean": diff.mean().item(),
-        "training/rollout_probs_diff_std": diff.std().item() if diff.numel() > 1 else 0.0,
-    }
-
-
-def entropy_metric(entropys: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str) -> float:
-    from verl.trainer.ppo.core_algos import agg_loss
-
-    return agg_loss(loss_mat=entropys, loss_mask=response_mask, loss_agg_mode=loss_agg_mode).detach().item()
 
 
 def _jsonable(value: Any) -> Any:

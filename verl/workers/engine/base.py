@@ -1,0 +1,244 @@
+"""The training-engine seam: one interface that owns the training loop, whatever shards the model.
+
+A role (actor, critic, reference, reward model, SFT, a recipe's DPO/KTO/RM head) never touches FSDP or
+Megatron objects. It hands the engine a batch and a *loss function* and gets metrics back::
+
+    engine = build_engine(engine_config)            # model, optimizer, LR schedule, sharding
+    metrics = engine.train_batch(data, loss_fn, spec)   # epochs x mini-batches x micro-batches, one step each
+    out = engine.infer(data, ("log_probs", "entropy"), micro)   # forward only, original row order
+    for name, tensor in engine.iter_full_params(): ...      # HF names, full tensors (the rollout weight push)
+    engine.save_checkpoint(path, step) / engine.load_checkpoint(path)
+
+What the engine computes is named by *outputs* of the forward pass, all aligned to the response (the last
+``R = responses.shape[1]`` columns of ``input_ids``):
+
+============  ======  ===================================================================================
+``log_probs`` (B, R)  log pi(response token t | tokens < t) after dividing the logits by ``temperature``
+``entropy``   (B, R)  entropy of that next-token distribution
+``values``    (B, R)  value head at the position *before* each response token (the PPO critic's V(s_t))
+``scores``    (B, T)  a sequence classifier's head at every position of the whole sequence (reward models)
+============  ======  ===================================================================================
+
+A supervised loss over a whole sequence uses ``responses = input_ids[:, 1:]``: then ``log_probs`` covers every
+next-token prediction.
+
+Loss functions have the signature ``loss_fn(outputs, micro_batch, ctx) -> (loss, metrics)`` where ``outputs``
+holds the requested tensors for the micro-batch, ``micro_batch`` is its TensorDict (on the model's device) and
+``ctx`` a :class:`LossContext`. The loss is the *mean* over the micro-batch in the unit the spec weights by
+(tokens of ``mask_key`` or sequences): the engine scales it by the micro-batch's share of the global mini-batch
+(counted over all data-parallel ranks), so an update equals the loss over the whole global mini-batch however it
+is cut into micro-batches and ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
+
+__all__ = ["TrainEngine", "MicroBatchSpec", "TrainSpec", "LossContext", "OUTPUTS"]
+
+logger = logging.getLogger(__name__)
+
+OUTPUTS = ("log_probs", "entropy", "values", "scores")
+
+
+@dataclass(frozen=True)
+class MicroBatchSpec:
+    """How a per-rank batch is cut for forward passes: fixed rows, or a token budget (``use_dynamic_bsz``)."""
+
+    micro_batch_size: int | None = None
+    use_dynamic_bsz: bool = False
+    max_token_len: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One ``train_batch`` call: ``epochs`` passes over ``mini_batch_size``-row mini-batches (rows per rank),
+    one optimizer step per mini-batch.
+
+    ``weight_by``: "tokens" (count ``mask_key`` tokens: token-mean losses) or "sequences" (rows: seq-mean
+    losses). ``outputs``: what the forward computes for the loss. ``entropy_grad=False`` keeps no graph for the
+    entropy (a metric). ``shuffle`` reorders rows each epoch with ``seed + epoch``. ``reduce_grads_once`` defers
+    the cross-rank gradient reduction to the last micro-batch of a step (one collective instead of one per
+    micro-batch). ``grad_norm_key`` names the per-step gradient-norm metric.
+    """
+
+    mini_batch_size: int
+    micro: MicroBatchSpec = MicroBatchSpec()
+    epochs: int = 1
+    shuffle: bool = False
+    seed: int = 42
+    weight_by: str = "tokens"
+    mask_key: str = "response_mask"
+    outputs: tuple[str, ...] = ("log_probs",)
+    temperature: float = 1.0
+    entropy_grad: bool = True
+    reduce_grads_once: bool = False
+    grad_norm_key: str = "grad_norm"
+
+    def __post_init__(self):
+        if self.mini_batch_size <= 0:
+            raise ValueError(f"mini_batch_size must be > 0 rows per rank, got {self.mini_batch_size}")
+        if self.weight_by not in ("tokens", "sequences"):
+            raise ValueError(f"weight_by={self.weight_by!r} is not one of: tokens, sequences")
+        unknown = set(self.outputs) - set(OUTPUTS)
+        if unknown:
+            raise ValueError(f"unknown engine outputs {sorted(unknown)}; choose from {OUTPUTS}")
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """Where in ``train_batch`` a loss call sits (a loss may act on the first mini-batch only, say)."""
+
+    epoch: int
+    mini_batch: int
+    micro_batch: int
+    num_micro_batches: int
+
+
+LossFn = Callable[[dict, "object", LossContext], "tuple[torch.Tensor, dict]"]
+
+
+def _as_float(x) -> float:
+    return float(x.detach().item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+class TrainEngine(ABC):
+    """A model, its optimizer and LR schedule, sharded over a data-parallel group; see the module docstring.
+
+    Subclasses implement the model-specific parts (:meth:`forward_micro_batch`, :meth:`optimizer_step`,
+    the gradient bookkeeping, parameters and checkpoints); the batching loop here is shared.
+    """
+
+    #: the process group gradients are averaged over (None: a single process)
+    dp_group = None
+
+    # ------------------------------------------------------------------ what an engine implements
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    @abstractmethod
+    def dp_size(self) -> int: ...
+
+    @abstractmethod
+    def forward_micro_batch(self, micro, outputs: tuple[str, ...], temperature: float, entropy_grad: bool) -> dict:
+        """The requested outputs (see module docstring) for one micro-batch already on :attr:`device`."""
+
+    @abstractmethod
+    def zero_grad(self) -> None: ...
+
+    @abstractmethod
+    def optimizer_step(self) -> float:
+        """Clip, step (skipped on a non-finite norm), zero the gradients; returns the pre-clip gradient norm."""
+
+    @abstractmethod
+    def lr_scheduler_step(self) -> float:
+        """Advance the LR schedule one step; returns the learning rate that the finished step used."""
+
+    @abstractmethod
+    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (gathered) parameters under Hugging Face names, one tensor at a time (LoRA merged)."""
+
+    @abstractmethod
+    def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: int | None = None) -> None: ...
+
+    @abstractmethod
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None: ...
+
+    @abstractmethod
+    def save_hf_model(self, out_dir: str, tokenizer=None) -> str | None:
+        """Write the full model as a Hugging Face directory (collective; rank 0 writes, atomically)."""
+
+    def set_grad_sync(self, enabled: bool) -> None:
+        """Whether the next backward reduces gradients across ranks (see ``TrainSpec.reduce_grads_once``)."""
+
+    def train_mode(self, training: bool) -> None:
+        """Switch the model between training and evaluation behaviour (dropout)."""
+
+    def offload(self) -> None:
+        """Move parameters / optimizer state to host memory when the config asks for it (no-op on CPU)."""
+
+    def onload(self) -> None:
+        """Bring them back before the next forward or step."""
+
+    def disable_adapter(self):
+        """Context in which a LoRA model computes with its adapters off (the reference policy)."""
+        return nullcontext()
+
+    # ------------------------------------------------------------------ the shared loop
+    def infer(self, data: DataProto, outputs: tuple[str, ...], micro: MicroBatchSpec,
+              temperature: float = 1.0) -> dict[str, torch.Tensor]:
+        """Forward only (no gradients): the requested outputs for every row, in the input's row order, on CPU."""
+        keys = [k for k in ("responses", "input_ids", "attention_mask", "position_ids") if k in data.batch.keys()]
+        micro_batches, partitions = make_micro_batches(data.batch.select(*keys), micro.micro_batch_size,
+                                                       micro.use_dynamic_bsz, micro.max_token_len, self.dp_group)
+        self.onload()
+        self.train_mode(False)
+        results = defaultdict(list)
+        try:
+            with torch.no_grad():
+                for mb in micro_batches:
+                    out = self.forward_micro_batch(mb.to(self.device), outputs, temperature, entropy_grad=False)
+                    for name in outputs:
+                        results[name].append(out[name].float().cpu())
+        finally:
+            self.offload()
+        merged = {name: torch.cat(parts, dim=0) for name, parts in results.items()}
+        if partitions is not None:
+            merged = {name: restore_dynamic_batch(t, partitions) for name, t in merged.items()}
+        return merged
+
+    def _mini_batches(self, data: DataProto, spec: TrainSpec, epoch: int) -> list[DataProto]:
+        if spec.shuffle:
+            gen = torch.Generator().manual_seed(int(spec.seed) + epoch)
+            data = data.select_idxs(torch.randperm(len(data), generator=gen).numpy())
+        return data.split(spec.mini_batch_size)
+
+    def train_batch(self, data: DataProto, loss_fn: LossFn, spec: TrainSpec) -> dict[str, list[float]]:
+        """``spec.epochs`` x mini-batches of ``data`` (this rank's rows), one optimizer step per mini-batch.
+
+        Returns metrics as lists: whatever ``loss_fn`` reported per micro-batch, plus ``spec.grad_norm_key`` per
+        step. Each micro-batch loss is weighted by its share of the global mini-batch times the dp size (the
+        gradient reduction averages over ranks), so the step is exactly that of the global mini-batch's loss.
+        """
+        metrics: dict[str, list[float]] = defaultdict(list)
+        world = self.dp_size
+        per_token = spec.weight_by == "tokens"
+        self.onload()
+        self.train_mode(True)
+        try:
+            for epoch in range(spec.epochs):
+                for mb_index, mini_batch in enumerate(self._mini_batches(data, spec, epoch)):
+                    total = global_count(mini_batch.batch[spec.mask_key], per_token, self.dp_group)
+                    micro_batches, _ = make_micro_batches(mini_batch.batch, spec.micro.micro_batch_size,
+                                                          spec.micro.use_dynamic_bsz, spec.micro.max_token_len,
+                                                          self.dp_group)
+                    self.zero_grad()
+                    for i, micro in enumerate(micro_batches):
+                        if spec.reduce_grads_once:
+                            self.set_grad_sync(i == len(micro_batches) - 1)
+                        micro = micro.to(self.device)
+                        out = self.forward_micro_batch(micro, spec.outputs, spec.temperature, spec.entropy_grad)
+                        ctx = LossContext(epoch, mb_index, i, len(micro_batches))
+                        loss, loss_metrics = loss_fn(out, micro, ctx)
+                        mask = micro[spec.mask_key]
+                        share = (mask.sum().item() if per_token else mask.shape[0]) / max(total, 1.0)
+                        (loss * (share * world)).backward()
+                        for name, value in loss_metrics.items():
+                            metrics[name].append(_as_float(value))
+                    self.set_grad_sync(True)
+                    metrics[spec.grad_norm_key].append(self.optimizer_step())
+        finally:
+            self.offload()
+        return dict(metrics)

@@ -1,0 +1,171 @@
+"""Typed, frozen engine configuration, built once from a role's section of the Hydra config.
+
+``EngineConfig`` is everything a training engine needs to build a model, its optimizer and LR schedule; the
+``*_engine_config`` functions read verl's keys for each role (actor, reference, critic, reward model) in one
+place, so a worker never reads engine keys itself and never changes its config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+__all__ = ["EngineConfig", "plain", "actor_engine_config", "ref_engine_config", "critic_engine_config",
+           "reward_engine_config", "sft_engine_config", "MODEL_KINDS"]
+
+MODEL_KINDS = ("causal_lm", "value", "reward")
+
+
+def plain(value: Any) -> Any:
+    """An OmegaConf node as plain Python containers (interpolations resolved); other values unchanged."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _get(node: Any, key: str, default: Any = None) -> Any:
+    for part in key.split("."):
+        if node is None:
+            return default
+        node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
+    return default if node is None else node
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine builds (see ``FSDPEngine.build``).
+
+    ``optim`` None means a frozen, forward-only model (reference policy, reward model). ``fsdp`` holds the
+    sharding keys of ``fsdp_config`` (``dtype`` / ``mixed_precision``, ``reshard_after_forward``,
+    ``offload_policy``, ``wrap_policy``, ``fsdp_size``).
+    """
+
+    model_path: str
+    model_kind: str = "causal_lm"
+    name: str = "engine"
+    strategy: str = "fsdp"
+    model_dtype: str = "fp32"
+    override_config: dict | None = None
+    trust_remote_code: bool = False
+    enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+    lora_rank: int = 0
+    lora_alpha: float = 16
+    target_modules: Any = "all-linear"
+    exclude_modules: Any = None
+    fsdp: dict = field(default_factory=dict)
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    optim: dict | None = None
+    total_training_steps: int = -1
+    grad_clip: float | None = None
+    checkpoint: dict | None = None
+    seed: int = 42
+
+    def __post_init__(self):
+        if self.model_kind not in MODEL_KINDS:
+            raise ValueError(f"model_kind={self.model_kind!r} is not one of {MODEL_KINDS}")
+
+
+def _fsdp_section(fsdp_cfg: Any) -> dict:
+    return plain(fsdp_cfg) or {}
+
+
+def _common(model_cfg: Any, fsdp_cfg: Any, **kwargs) -> dict:
+    fsdp = _fsdp_section(fsdp_cfg)
+    return dict(
+        model_path=str(_get(model_cfg, "path")),
+        model_dtype=str(fsdp.get("model_dtype") or "fp32"),
+        override_config=plain(_get(model_cfg, "override_config")),
+        trust_remote_code=bool(_get(model_cfg, "trust_remote_code", False)),
+        fsdp=fsdp,
+        param_offload=bool(fsdp.get("param_offload", False)),
+        optimizer_offload=bool(fsdp.get("optimizer_offload", False)),
+        seed=int(fsdp.get("seed") if fsdp.get("seed") is not None else 42),
+        **kwargs,
+    )
+
+
+def _grad_clip(role_cfg: Any) -> float | None:
+    value = _get(role_cfg, "grad_clip")
+    if value is None:
+        value = _get(role_cfg, "optim.clip_grad")
+    return None if value is None else float(value)
+
+
+def actor_engine_config(arr_cfg: Any) -> EngineConfig:
+    """The trainable policy of ``actor_rollout_ref`` (``model.*`` + ``actor.*``)."""
+    model, actor = _get(arr_cfg, "model"), _get(arr_cfg, "actor")
+    optim = plain(_get(actor, "optim")) or {}
+    return EngineConfig(
+        name="actor", strategy=str(_get(actor, "strategy", "fsdp")), model_kind="causal_lm",
+        enable_gradient_checkpointing=bool(_get(model, "enable_gradient_checkpointing", False)),
+        use_remove_padding=bool(_get(actor, "use_remove_padding", _get(model, "use_remove_padding", False))),
+        lora_rank=int(_get(model, "lora_rank", 0) or 0), lora_alpha=float(_get(model, "lora_alpha", 16)),
+        target_modules=plain(_get(model, "target_modules", "all-linear")),
+        exclude_modules=plain(_get(model, "exclude_modules")),
+        optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
+        grad_clip=_grad_clip(actor), checkpoint=plain(_get(actor, "checkpoint")),
+        **_common(model, _get(actor, "fsdp_config")),
+    )
+
+
+def ref_engine_config(arr_cfg: Any) -> EngineConfig:
+    """The frozen reference policy: ``model.*`` + ``ref.fsdp_config``; padding handling follows the actor."""
+    model, actor, ref = _get(arr_cfg, "model"), _get(arr_cfg, "actor"), _get(arr_cfg, "ref")
+    remove_padding = _get(ref, "use_remove_padding", _get(actor, "use_remove_padding",
+                                                          _get(model, "use_remove_padding", False)))
+    return EngineConfig(name="ref", strategy=str(_get(ref, "strategy", "fsdp")), model_kind="causal_lm",
+                        use_remove_padding=bool(remove_padding), **_common(model, _get(ref, "fsdp_config")))
+
+
+def critic_engine_config(critic_cfg: Any) -> EngineConfig:
+    """The value model of ``critic`` (``critic.model.*``, ``critic.optim``)."""
+    model = _get(critic_cfg, "model")
+    optim = plain(_get(critic_cfg, "optim")) or {}
+    remove_padding = _get(critic_cfg, "use_remove_padding", _get(model, "use_remove_padding", False))
+    return EngineConfig(
+        name="critic", strategy=str(_get(critic_cfg, "strategy", "fsdp")), model_kind="value",
+        enable_gradient_checkpointing=bool(_get(model, "enable_gradient_checkpointing", False)),
+        use_remove_padding=bool(remove_padding),
+        lora_rank=int(_get(model, "lora_rank", 0) or 0), lora_alpha=float(_get(model, "lora_alpha", 16)),
+        target_modules=plain(_get(model, "target_modules", "all-linear")),
+        optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
+        grad_clip=_grad_clip(critic_cfg), checkpoint=plain(_get(critic_cfg, "checkpoint")),
+        **_common(model, _get(model, "fsdp_config")),
+    )
+
+
+def reward_engine_config(rm_cfg: Any) -> EngineConfig:
+    """The frozen reward model of ``reward_model`` (a sequence classifier)."""
+    model = _get(rm_cfg, "model")
+    return EngineConfig(name="reward_model", strategy=str(_get(rm_cfg, "strategy", "fsdp")), model_kind="reward",
+                        **_common(model, _get(model, "fsdp_config")))
+
+
+def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) -> EngineConfig:
+    """The model of ``sft_trainer.yaml`` (``model.*``, ``optim.*``, ``trainer.seed``/``checkpoint``).
+
+    Padding is trimmed (``use_remove_padding``): the same loss as the full width, less compute.
+    """
+    model, optim = _get(sft_cfg, "model"), _get(sft_cfg, "optim")
+    fsdp = _fsdp_section(_get(model, "fsdp_config"))
+    offload = bool(fsdp.get("cpu_offload", False) or fsdp.get("offload_params", False))
+    return EngineConfig(
+        name="sft", strategy=str(_get(model, "strategy", "fsdp2")), model_kind="causal_lm", model_path=model_path,
+        model_dtype=str(fsdp.get("model_dtype") or "fp32"), trust_remote_code=bool(_get(model, "trust_remote_code", False)),
+        enable_gradient_checkpointing=bool(_get(model, "enable_gradient_checkpointing", False)),
+        use_remove_padding=True,
+        lora_rank=int(_get(model, "lora_rank", 0) or 0), lora_alpha=float(_get(model, "lora_alpha", 16)),
+        target_modules=plain(_get(model, "target_modules", "all-linear")),
+        fsdp={"offload_policy": offload},
+        optim={"lr": float(_get(optim, "lr")), "betas": list(plain(_get(optim, "betas", [0.9, 0.95]))),
+               "weight_decay": float(_get(optim, "weight_decay", 0.01)),
+               "lr_warmup_steps_ratio": float(_get(optim, "lr_warmup_steps_ratio", 0.0)),
+               "lr_scheduler_type": str(_get(optim, "lr_scheduler", "cosine"))},
+        total_training_steps=int(total_training_steps), grad_clip=float(_get(optim, "clip_grad", 1.0)),
+        checkpoint=plain(_get(sft_cfg, "trainer.checkpoint")), seed=int(_get(sft_cfg, "trainer.seed", 1)),
+    )

@@ -1,0 +1,230 @@
+"""The FSDP2 training engine: a Hugging Face model sharded with ``fully_shard`` over gloo / nccl / hccl.
+
+``FSDPEngine.build(EngineConfig, device_mesh)`` loads the model for its kind (causal LM, value model, reward
+model), adds LoRA and gradient checkpointing when asked, shards it, and builds the optimizer and LR schedule
+(``transformers`` schedules). ``FSDPEngine(module, optimizer, ...)`` wraps a model you built yourself (research
+code, tests). The loop over epochs / mini-batches / micro-batches is the shared one in ``engine/base.py``.
+
+Offload (``param_offload`` / ``optimizer_offload``): parameters / optimizer state live in host memory between
+calls and come back to the accelerator for each forward or step. On CPU they already live in host memory, so
+both are no-ops there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.checkpoint.hf_export import save_hf_model_dir
+from verl.utils.device import module_device
+from verl.utils.fsdp_utils import (apply_fsdp2, apply_lora, build_lr_scheduler, build_optimizer, clip_grad_norm_,
+                                   enable_gradient_checkpointing, is_peft_model, iter_full_state_dict,
+                                   load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
+                                   offload_fsdp_optimizer)
+from verl.utils.model import load_causal_lm, load_reward_model, load_value_model
+from verl.workers.engine.base import TrainEngine
+from verl.workers.engine.config import EngineConfig
+from verl.workers.engine.hf_forward import forward_log_probs, forward_scores, forward_values
+
+__all__ = ["FSDPEngine"]
+
+logger = logging.getLogger(__name__)
+
+_LOADERS = {"causal_lm": load_causal_lm, "value": load_value_model, "reward": load_reward_model}
+
+
+def _default_dp_group():
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+class FSDPEngine(TrainEngine):
+    """An (FSDP2-sharded or plain) HF model with its optimizer; see the module docstring.
+
+    Args:
+        module: the model (already sharded, or plain for one process).
+        optimizer / lr_scheduler: None for a frozen, forward-only engine (reference policy, reward model).
+        dp_group: the group gradients are averaged over (default: all ranks).
+        use_remove_padding: pack (flash attention) or trim (elsewhere) padding away; see ``hf_forward``.
+        grad_clip: max gradient norm (None: no clipping).
+        param_offload / optimizer_offload: keep them in host memory between calls (accelerators only).
+        checkpoint_config: ``save_contents`` / ``load_contents`` of verl's ``checkpoint`` section.
+        tokenizer: saved beside checkpoints (``huggingface/``).
+    """
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None, lr_scheduler=None, *,
+                 dp_group=None, use_remove_padding: bool = False, grad_clip: float | None = None,
+                 param_offload: bool = False, optimizer_offload: bool = False, checkpoint_config=None,
+                 tokenizer=None, name: str = "engine"):
+        self.module = module
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.dp_group = dp_group if dp_group is not None else _default_dp_group()
+        self.use_remove_padding = bool(use_remove_padding)
+        self.grad_clip = grad_clip
+        self.param_offload = bool(param_offload)
+        self.optimizer_offload = bool(optimizer_offload)
+        self.checkpoint_config = checkpoint_config
+        self.tokenizer = tokenizer
+        self.name = name
+        self._checkpoint_manager = None
+        self._offloaded = False
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def build(cls, config: EngineConfig, device_mesh=None, tokenizer=None) -> "FSDPEngine":
+        """Load, adapt, shard and equip a model as ``config`` says (identical initialisation on every rank)."""
+        torch.manual_seed(config.seed)
+        module = _LOADERS[config.model_kind](config.model_path, dtype=config.model_dtype,
+                                             override_config=config.override_config,
+                                             trust_remote_code=config.trust_remote_code)
+        if config.model_kind == "reward" and getattr(module.config, "pad_token_id", None) is None:
+            # the classifier's own pooling (unused: the engine reads every position) refuses batches without it
+            module.config.pad_token_id = 0
+        trainable = config.optim is not None
+        if not trainable:
+            module.requires_grad_(False)
+        elif config.lora_rank > 0:
+            module.enable_input_require_grads()
+            module = apply_lora(module, config.lora_rank, lora_alpha=config.lora_alpha,
+                                target_modules=config.target_modules, exclude_modules=config.exclude_modules)
+        if trainable and config.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(module)
+        module = apply_fsdp2(module, config.fsdp, device_mesh)
+        optimizer = scheduler = None
+        if trainable:
+            optimizer = build_optimizer(module.parameters(), config.optim)
+            scheduler = build_lr_scheduler(optimizer, config.optim, config.total_training_steps)
+        engine = cls(module, optimizer, scheduler, use_remove_padding=config.use_remove_padding,
+                     grad_clip=config.grad_clip, param_offload=config.param_offload,
+                     optimizer_offload=config.optimizer_offload, checkpoint_config=config.checkpoint,
+                     tokenizer=tokenizer, name=config.name)
+        engine.offload()
+        return engine
+
+    # ------------------------------------------------------------------ TrainEngine
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.module)
+
+    @property
+    def dp_size(self) -> int:
+        return dist.get_world_size(self.dp_group) if self.dp_group is not None else 1
+
+    @property
+    def model_config(self):
+        """The Hugging Face config of the model (what a rollout engine needs to know about it)."""
+        return getattr(self.module, "config", None)
+
+    def forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
+        out = {}
+        if "log_probs" in outputs or "entropy" in outputs:
+            entropy, log_probs = forward_log_probs(self.module, micro, temperature, "entropy" in outputs,
+                                                   self.use_remove_padding, entropy_grad)
+            out["log_probs"] = log_probs
+            if entropy is not None:
+                out["entropy"] = entropy
+        if "values" in outputs:
+            out["values"] = forward_values(self.module, micro, self.use_remove_padding)
+        if "scores" in outputs:
+            out["scores"] = forward_scores(self.module, micro)
+        return out
+
+    def train_mode(self, training: bool) -> None:
+        self.module.train(training)
+
+    def zero_grad(self) -> None:
+        self._require_optimizer()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def set_grad_sync(self, enabled: bool) -> None:
+        sync = getattr(self.module, "set_requires_gradient_sync", None)
+        if sync is not None:
+            sync(enabled)
+
+    def optimizer_step(self) -> float:
+        self._require_optimizer()
+        grad_norm = clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        if torch.isfinite(torch.tensor(grad_norm)):
+            if self.optimizer_offload:
+                load_fsdp_optimizer(self.optimizer)
+            self.optimizer.step()
+        else:
+            logger.warning("%s: non-finite grad norm %s, skipping this optimizer step", self.name, grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def lr_scheduler_step(self) -> float:
+        lr = self.current_lr()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return lr
+
+    def current_lr(self) -> float:
+        if self.lr_scheduler is not None and hasattr(self.lr_scheduler, "get_last_lr"):
+            return float(self.lr_scheduler.get_last_lr()[0])
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.onload()
+        try:
+            for name, tensor in iter_full_state_dict(self.module):
+                if not name.endswith("rotary_emb.inv_freq"):  # a derived buffer, not a weight
+                    yield name, tensor
+        finally:
+            self.offload()
+
+    def offload(self) -> None:
+        if self.param_offload:
+            offload_fsdp_model_to_cpu(self.module)
+        if self.optimizer_offload and self.optimizer is not None:
+            offload_fsdp_optimizer(self.optimizer)
+
+    def onload(self) -> None:
+        if self.param_offload:
+            load_fsdp_model_to_gpu(self.module)
+
+    def disable_adapter(self):
+        return self.module.disable_adapter() if is_peft_model(self.module) else nullcontext()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpointer(self) -> FSDPCheckpointManager:
+        self._require_optimizer()
+        if self._checkpoint_manager is None:
+            self._checkpoint_manager = FSDPCheckpointManager(
+                model=self.module, optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
+                processing_class=self.tokenizer, checkpoint_config=self.checkpoint_config)
+        return self._checkpoint_manager
+
+    def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: int | None = None) -> None:
+        self.onload()
+        try:
+            self._checkpointer().save_checkpoint(local_path=local_path, global_step=global_step,
+                                                 max_ckpt_to_keep=max_ckpt_to_keep)
+        finally:
+            self.offload()
+
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None:
+        self.onload()
+        try:
+            self._checkpointer().load_checkpoint(local_path=local_path, del_local_after_load=del_local_after_load)
+        finally:
+            self.offload()
+
+    def save_hf_model(self, out_dir: str, tokenizer=None) -> str | None:
+        self.onload()
+        try:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            return save_hf_model_dir(self.module, tokenizer or self.tokenizer, out_dir, rank=rank)
+        finally:
+            self.offload()
+
+    def _require_optimizer(self) -> None:
+        if self.optimizer is None:
+            raise RuntimeError(f"{self.name}: this engine is forward-only (built without an optimizer); training "
+                               "and checkpoints need one")

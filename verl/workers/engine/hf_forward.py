@@ -1,0 +1,121 @@
+"""Forward passes of Hugging Face models in the engine's output conventions (see ``engine/base.py``).
+
+Three ways to feed a micro-batch to the model, chosen by ``verl.utils.padding.remove_padding_mode``:
+
+- ``pack``: the valid tokens of all rows in one row, attention kept per sequence through packed
+  ``position_ids`` (flash-attention models only: elsewhere a packed row costs O(total_tokens^2) attention);
+- ``trim``: only the columns that hold a valid token in some row (left-padded prompts, right-padded
+  responses), the same results as the full width at a fraction of the compute;
+- ``padded``: every column.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
+                                unpack_to_padded, valid_column_span)
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+__all__ = ["forward_log_probs", "forward_values", "forward_scores", "token_values"]
+
+
+def _entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
+    if not with_grad:
+        logits = logits.detach()
+    return entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+
+
+def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, calculate_entropy: bool = False,
+                      use_remove_padding: bool = False, entropy_grad: bool = True):
+    """Log-probs (and entropies) of the response tokens of one micro-batch: returns ``(entropy, log_probs)``.
+
+    ``micro_batch`` holds ``input_ids``, ``attention_mask``, ``position_ids`` (B, T) and ``responses`` (B, R);
+    the response occupies the last R columns. Logits are divided by ``temperature`` before the softmax.
+    ``entropy_grad=False`` computes the entropy from detached logits (a metric only: no graph is kept for it).
+    """
+    input_ids = micro_batch["input_ids"]
+    attention_mask = micro_batch["attention_mask"]
+    position_ids = micro_batch["position_ids"]
+    response_length = micro_batch["responses"].shape[-1]
+    batch, seqlen = input_ids.shape
+    entropy = None
+    mode = remove_padding_mode(module) if use_remove_padding else "padded"
+    if mode == "pack":
+        ids, pos, indices, _ = pack_batch(input_ids, attention_mask, position_ids)
+        logits = module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False).logits[0]
+        logits = logits / temperature
+        labels = torch.roll(ids[0], shifts=-1)  # token t+1 is the label of position t (wrap-around is masked)
+        log_probs = unpack_to_padded(logprobs_from_logits(logits, labels), indices, batch, seqlen)
+        log_probs = log_probs[:, -response_length - 1 : -1]
+        if calculate_entropy:
+            ent = _entropy(logits, entropy_grad)
+            entropy = unpack_to_padded(ent, indices, batch, seqlen)[:, -response_length - 1 : -1]
+    else:
+        lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
+        s, e = response_window(seqlen, response_length, lo, hi)
+        output = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
+                        position_ids=position_ids[..., lo:hi], use_cache=False)
+        logits = output.logits[:, s - lo : e - lo, :] / temperature
+        first = s - (seqlen - response_length - 1)  # response column of position s
+        log_probs = place_response_window(logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1]),
+                                          response_length, first)
+        if calculate_entropy:
+            ent = _entropy(logits, entropy_grad)
+            entropy = place_response_window(ent, response_length, first)
+    return entropy, log_probs.float()
+
+
+def token_values(output) -> torch.Tensor:
+    """Per-token values from a model output: ``logits[..., 0]`` of a token classifier, or a value-head tuple."""
+    if hasattr(output, "logits"):
+        return output.logits[..., 0] if output.logits.dim() == 3 else output.logits
+    if isinstance(output, tuple) and len(output) >= 3:  # (lm_logits, loss, values) value-head models
+        return output[2]
+    raise TypeError(f"cannot read values from a model output of type {type(output).__name__}")
+
+
+def forward_values(module: nn.Module, micro_batch, use_remove_padding: bool = False) -> torch.Tensor:
+    """Values (B, R) for the states preceding each response token (position t predicts token t+1)."""
+    input_ids = micro_batch["input_ids"]
+    attention_mask = micro_batch["attention_mask"]
+    response_length = micro_batch["responses"].shape[-1]
+    batch, seqlen = input_ids.shape
+    mode = remove_padding_mode(module) if use_remove_padding else "padded"
+    if mode == "pack":
+        ids, pos, indices, _ = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
+        values = token_values(module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False))
+        values = unpack_to_padded(values[0], indices, batch, seqlen)
+        return values[:, -response_length - 1 : -1].float()
+    lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
+    s, e = response_window(seqlen, response_length, lo, hi)
+    values = token_values(module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
+                                 position_ids=micro_batch["position_ids"][..., lo:hi], use_cache=False))
+    return place_response_window(values[:, s - lo : e - lo].float(), response_length,
+                                 s - (seqlen - response_length - 1))
+
+
+def _score_head(module: nn.Module) -> nn.Module:
+    for name in ("score", "classifier", "v_head"):
+        head = getattr(module, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise TypeError(f"{type(module).__name__} has no classification head (score / classifier / v_head): a reward "
+                    "model must be a sequence-classification model (AutoModelForSequenceClassification)")
+
+
+def forward_scores(module: nn.Module, micro_batch) -> torch.Tensor:
+    """A sequence classifier's head output at *every* position (B, T), without the model's own pooling.
+
+    The head's per-token output is captured by a forward hook during the ordinary forward call, so sharded
+    (FSDP) models gather their parameters as usual.
+    """
+    captured = {}
+    handle = _score_head(module).register_forward_hook(lambda _m, _inp, out: captured.__setitem__("out", out))
+    try:
+        module(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"],
+               position_ids=micro_batch["position_ids"], use_cache=False)
+    finally:
+        handle.remove()
+    return captured["out"][..., 0].float()
