@@ -1,0 +1,15 @@
+"""Preference learning pieces shared by the recipes: losses (``losses``), pair layout and engine loss
+functions (``pairs``). Datasets live in ``verl.utils.dataset.preference_dataset``; the worker role in
+``verl.workers.preference_worker``."""
+
+from verl.trainer.preference.losses import (PAIRWISE_LOSSES, bradley_terry_loss, dpo_sigmoid_loss, generalized_jsd,
+                                            hinge_loss, ipo_loss, kto_loss, pairwise_loss, preference_metrics,
+                                            reverse_kl)
+from verl.trainer.preference.pairs import (REF_KEY, BradleyTerryLoss, KTOLoss, PairwisePreferenceLoss,
+                                           interleave_pairs, last_token_scores, pair_train_spec, sequence_logps,
+                                           split_pairs)
+
+__all__ = ["PAIRWISE_LOSSES", "bradley_terry_loss", "dpo_sigmoid_loss", "generalized_jsd", "hinge_loss", "ipo_loss",
+           "kto_loss", "pairwise_loss", "preference_metrics", "reverse_kl", "REF_KEY", "BradleyTerryLoss", "KTOLoss",
+           "PairwisePreferenceLoss", "interleave_pairs", "last_token_scores", "pair_train_spec", "sequence_logps",
+           "split_pairs"]
