@@ -32,12 +32,24 @@ def _load_location():
     return "cpu" if get_device_name() == "cpu" else None
 
 
+# dtypes torch's legacy (non-zip) format cannot write; they travel as raw bytes plus (dtype, shape)
+_RAW_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                      "float8_e5m2fnuz", "uint16", "uint32", "uint64")
+                    if hasattr(torch, name))
+
+
 def batch_to_bytes(batch: TensorDict | None) -> bytes | None:
     """The tensors of ``batch`` (with batch size and device) as bytes; ``None`` for no batch."""
     if batch is None:
         return None
+    compact = batch.apply(_compact)
+    raw = {key: t for key, t in compact.items(True, True) if t.dtype in _RAW_DTYPES}
+    if raw:
+        compact = compact.exclude(*raw)
     buffer = io.BytesIO()
-    torch.save({"tensors": batch.apply(_compact).to_dict(),
+    torch.save({"tensors": compact.to_dict(),
+                "raw": {key: (t.reshape(-1).view(torch.uint8), str(t.dtype).removeprefix("torch."), tuple(t.shape))
+                        for key, t in raw.items()},
                 "batch_size": tuple(batch.batch_size),
                 "device": None if batch.device is None else str(batch.device)},
                buffer, _use_new_zipfile_serialization=False)  # legacy format: no zip pass, ~raw speed
@@ -51,7 +63,10 @@ def batch_from_bytes(batch_state: bytes | None) -> TensorDict | None:
     location = _load_location()
     state = torch.load(io.BytesIO(batch_state), map_location=location, weights_only=False)
     device = state["device"] if location is None or state["device"] is None else location
-    return TensorDict(state["tensors"], batch_size=state["batch_size"], device=device)
+    td = TensorDict(state["tensors"], batch_size=state["batch_size"], device=device)
+    for key, (data, dtype, shape) in state.get("raw", {}).items():
+        td.set(key, data.view(getattr(torch, dtype)).reshape(shape))
+    return td
 
 
 def pickle_atomically(obj, filepath) -> None:

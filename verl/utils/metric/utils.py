@@ -125,9 +125,11 @@ def reduce_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
     A ``Metric`` uses its own aggregation. Otherwise the name decides, as in verl: a name containing "max"
     takes ``np.max``, one containing "min" takes ``np.min``, everything else ``np.mean`` (so a scalar passes
-    through unchanged).
+    through unchanged). Tensors are read as numpy arrays first.
     """
     for key, val in metrics.items():
+        if isinstance(val, torch.Tensor):
+            val = val.detach().cpu().numpy()
         if isinstance(val, Metric):
             metrics[key] = val.aggregate()
         elif "max" in key:
