@@ -12,6 +12,13 @@ Backends (``trainer.logger``):
 - ``tensorboard``: scalars under ``$TENSORBOARD_DIR`` if set, else ``tensorboard_log/<project>/<experiment>``.
 - ``wandb``: ``wandb.init(project, name, config)``; set ``WANDB_MODE=offline`` to run without a network
   (without WANDB_MODE and without credentials it logs offline by itself instead of failing).
+- ``mlflow``: the project is the MLflow experiment, the experiment name the run name, the flattened config the
+  run's parameters. Tracking store: ``$MLFLOW_TRACKING_URI`` if set, else a local SQLite file
+  ``./mlflow.db`` (artifacts under ``./mlruns``); view it with ``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
+  Metric names are made MLflow-safe (``@`` becomes ``_at_``, other disallowed characters ``_``).
+- ``swanlab``: ``swanlab.init(project, experiment_name, config, logdir=$SWANLAB_LOG_DIR or ./swanlog,
+  mode=$SWANLAB_MODE)``; with ``SWANLAB_API_KEY`` set it logs in first. Without a mode and without a key it
+  runs ``offline`` (a run file to ``swanlab sync`` later) instead of asking for credentials.
 Any other name fails at construction with the list of supported backends.
 """
 
@@ -21,11 +28,12 @@ import json
 import numbers
 import os
 import pprint
+import re
 from typing import Any
 
 __all__ = ["Tracking", "ValidationGenerationsLogger", "concat_dict_to_str", "SUPPORTED_BACKENDS"]
 
-SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb")
+SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab")
 
 
 def _to_python(value: Any) -> Any:
@@ -123,6 +131,85 @@ class WandbLogger:
         self.wandb.finish(exit_code=0)
 
 
+def _numbers_only(data: dict) -> dict:
+    out = {}
+    for key, value in data.items():
+        value = _to_python(value)
+        if isinstance(value, numbers.Number) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
+def flatten_config(config: dict | None, prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``: nested config as flat string parameters (MLflow params)."""
+    flat: dict[str, str] = {}
+    for key, value in (config or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_config(value, name + "."))
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+_MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")
+
+
+def mlflow_metric_name(name: str) -> str:
+    """MLflow accepts only alphanumerics, ``_ - . : /`` and spaces in names: ``mean@1`` -> ``mean_at_1``."""
+    return _MLFLOW_BAD.sub("_", name.replace("@", "_at_"))
+
+
+class MlflowLogger:
+    def __init__(self, project_name: str, experiment_name: str, config: dict | None):
+        try:
+            import mlflow
+        except ImportError:
+            raise ImportError("trainer.logger=mlflow needs the mlflow package: pip install mlflow (or mlflow-skinny "
+                              "sqlalchemy alembic for the local SQLite store)") from None
+        self.mlflow = mlflow
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///" + os.path.abspath("mlflow.db")
+        mlflow.set_tracking_uri(uri)
+        experiment = mlflow.set_experiment(project_name)
+        self.run = mlflow.start_run(experiment_id=experiment.experiment_id, run_name=experiment_name)
+        params = flatten_config(config)
+        if params:
+            mlflow.log_params(params)
+
+    def log(self, data: dict, step: int) -> None:
+        metrics = {mlflow_metric_name(k): float(v) for k, v in _numbers_only(data).items()}
+        if metrics:
+            self.mlflow.log_metrics(metrics, step=step)
+
+    def finish(self) -> None:
+        self.mlflow.end_run()
+
+
+class SwanlabLogger:
+    def __init__(self, project_name: str, experiment_name: str, config: dict | None):
+        try:
+            import swanlab
+        except ImportError:
+            raise ImportError("trainer.logger=swanlab needs the swanlab package: pip install swanlab "
+                              "(or drop 'swanlab' from trainer.logger)") from None
+        self.swanlab = swanlab
+        api_key = os.environ.get("SWANLAB_API_KEY")
+        mode = os.environ.get("SWANLAB_MODE")
+        if api_key:
+            swanlab.login(api_key=api_key)
+        elif not mode:
+            print("swanlab: no SWANLAB_API_KEY; logging offline under ./swanlog (set SWANLAB_MODE to change)")
+            mode = "offline"
+        self.run = swanlab.init(project=project_name, experiment_name=experiment_name, config=config or {},
+                                logdir=os.environ.get("SWANLAB_LOG_DIR", "swanlog"), mode=mode or "cloud")
+
+    def log(self, data: dict, step: int) -> None:
+        self.swanlab.log(_numbers_only(data), step=step)
+
+    def finish(self) -> None:
+        self.swanlab.finish()
+
+
 def _wandb_logged_in() -> bool:
     netrc = os.path.expanduser("~/.netrc")
     try:
@@ -158,6 +245,10 @@ class Tracking:
                 self.logger[backend] = TensorboardLogger(project_name, experiment_name)
             elif backend == "wandb":
                 self.logger[backend] = WandbLogger(project_name, experiment_name, config)
+            elif backend == "mlflow":
+                self.logger[backend] = MlflowLogger(project_name, experiment_name, config)
+            elif backend == "swanlab":
+                self.logger[backend] = SwanlabLogger(project_name, experiment_name, config)
 
     def log(self, data: dict, step: int, backend: list[str] | None = None) -> None:
         for name, logger in self.logger.items():
@@ -200,3 +291,10 @@ class ValidationGenerationsLogger:
             table = wandb.Table(columns=["step", "input", "output", "score"],
                                 data=[[step, i, o, _to_python(s)] for i, o, s in samples])
             wandb.log({"val/generations": table}, step=step)
+        if "mlflow" in loggers and "mlflow" in tracker.logger:
+            rows = [{"input": i, "output": o, "score": _to_python(s)} for i, o, s in samples]
+            tracker.logger["mlflow"].mlflow.log_dict({"step": step, "samples": rows}, f"val_generations/step_{step}.json")
+        if "swanlab" in loggers and "swanlab" in tracker.logger:
+            swanlab = tracker.logger["swanlab"].swanlab
+            texts = [swanlab.Text(f"input: {i}\n\noutput: {o}\n\nscore: {s}") for i, o, s in samples]
+            swanlab.log({"val/generations": texts}, step=step)
