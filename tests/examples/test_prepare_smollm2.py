@@ -100,3 +100,17 @@ def test_real_conversion_loads_with_transformers(smollm2_dir):
     out = model.generate(**chat, max_new_tokens=24, do_sample=False)
     answer = tok.decode(out[0, chat["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "12" in answer, answer
+
+
+def test_hub_id_offline_says_how_to_use_a_local_dir(monkeypatch):
+    from verl.trainer.config_schema.validate import _check_model_path
+    from verl.utils.config import ConfigError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="hub id, but the hub is off.*prepare_smollm2.py --out"):
+        _check_model_path("actor_rollout_ref.model.path", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "0")
+    _check_model_path("actor_rollout_ref.model.path", "HuggingFaceTB/SmolLM2-135M-Instruct")  # online: downloads later
+    with pytest.raises(ConfigError, match="model not found: /no/such/dir"):
+        _check_model_path("actor_rollout_ref.model.path", "/no/such/dir")

@@ -127,10 +127,19 @@ def _check_model_path(key: str, value: Any) -> None:
     looks_like_repo = p.count("/") == 1 and not p.startswith((".", "~", "/"))
     if looks_like_repo and _hf_cached(p):
         return
+    offline = any(os.environ.get(v, "0").lower() not in ("", "0", "false")
+                  for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if looks_like_repo and not offline:
+        return  # a hub id: transformers and vLLM download it when the model loads, as in verl
+    if looks_like_repo:
+        raise ConfigError(
+            f"{key}={p} is a Hugging Face hub id, but the hub is off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set) "
+            f"and the model is not in the local cache. Point {key} at a local model directory instead, e.g. "
+            "`python examples/models/prepare_smollm2.py --out ~/models/SmolLM2-135M-Instruct` and then "
+            f"{key}=~/models/SmolLM2-135M-Instruct; or unset HF_HUB_OFFLINE to download it"
+        )
     raise ConfigError(
-        f"{key}: model not found: {p} (not a local directory"
-        + (", and not in the offline Hugging Face cache" if looks_like_repo else "")
-        + "). Point it at a model directory, e.g. one made by `python -m verl.utils.embedded.make_model --out DIR`"
+        f"{key}: model not found: {p} (not a local directory). Point it at a model directory, e.g. one made by `python -m verl.utils.embedded.make_model --out DIR`"
     )
 
 
