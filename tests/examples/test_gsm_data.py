@@ -87,3 +87,15 @@ def test_gsm_symbolic_deterministic_and_disjoint(tmp_path):
     row = pq.read_table(tmp_path / "c" / "test.parquet").to_pylist()[0]
     truth = row["reward_model"]["ground_truth"]
     assert default_compute_score(row["data_source"], f"<answer>{truth}</answer>", truth) == 1.0
+
+
+def test_strict_and_flexible_custom_reward(tmp_path):
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    fn = get_custom_reward_fn({"custom_reward_function": {
+        "path": str(REPO / "verl" / "utils" / "reward_score" / "gsm8k.py"),
+        "name": "compute_score_strict_and_flexible"}})
+    assert fn("openai/gsm8k", "3 + 4 = 7\n#### 7", "7") == {"score": 1.0, "acc": 1.0, "acc_flexible": 1.0}
+    assert fn("openai/gsm8k", "3 + 4 = 7", "7") == {"score": 0.0, "acc": 0.0, "acc_flexible": 1.0}
+    assert fn("openai/gsm8k", "#### 8, not 7", "7") == {"score": 0.0, "acc": 0.0, "acc_flexible": 1.0}
+    assert fn("openai/gsm8k", "#### 1,000", "1000")["acc"] == 1.0

@@ -67,3 +67,19 @@ def compute_score(solution_str: str, ground_truth: str, method: str = "strict", 
     if answer is None:
         return 0.0
     return float(score) if numbers_equal(answer, ground_truth) else float(format_score)
+
+
+def compute_score_strict_and_flexible(data_source, solution_str: str, ground_truth: str, extra_info=None,
+                                      **kwargs) -> dict:
+    """A ``custom_reward_function`` (verl's signature) that rewards the strict answer and also reports the
+    flexible one, so training and validation curves show both::
+
+        custom_reward_function.path=verl/utils/reward_score/gsm8k.py
+        custom_reward_function.name=compute_score_strict_and_flexible
+
+    Returns ``{"score": strict, "acc": strict, "acc_flexible": flexible}``; validation then shows
+    ``val-core/<source>/acc/mean@1`` (strict) and ``val-aux/<source>/acc_flexible/mean@1``.
+    """
+    strict = compute_score(solution_str, ground_truth, method="strict")
+    flexible = compute_score(solution_str, ground_truth, method="flexible")
+    return {"score": strict, "acc": strict, "acc_flexible": flexible}
