@@ -1,7 +1,8 @@
 """Training engines: one interface (``TrainEngine``) that owns the training loop, one implementation per way of
 sharding a model. Roles and recipes hand an engine a loss function; see ``base.py``.
 
-``get_engine_cls(strategy)`` maps verl's ``strategy`` keys (``fsdp``, ``fsdp2``) to an engine class.
+``get_engine_cls(strategy)`` maps verl's ``strategy`` keys (``fsdp``, ``fsdp2``, ``megatron``) to an engine class;
+the Megatron engine (``engine/megatron.py``) is imported on first use (megatron-core is heavy).
 """
 
 from verl.workers.engine.base import OUTPUTS, LossContext, MicroBatchSpec, TrainEngine, TrainSpec
@@ -20,6 +21,11 @@ def register_engine(strategy: str, engine_cls: type[TrainEngine]) -> None:
 
 
 def get_engine_cls(strategy: str) -> type[TrainEngine]:
+    if strategy == "megatron" and strategy not in ENGINES:
+        # imported on demand: megatron-core is an optional, heavy dependency
+        from verl.workers.engine.megatron import MegatronEngine
+
+        register_engine("megatron", MegatronEngine)
     try:
         return ENGINES[strategy]
     except KeyError:

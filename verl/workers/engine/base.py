@@ -199,6 +199,14 @@ class TrainEngine(ABC):
             merged = {name: restore_dynamic_batch(t, partitions) for name, t in merged.items()}
         return merged
 
+    def forward_backward(self, micro, loss_fn: LossFn, spec: TrainSpec, ctx: LossContext, weight: float) -> dict:
+        """One micro-batch of a training step: forward, loss, backward of ``loss * weight``; returns the loss's
+        metrics. Pipeline-parallel engines override it to run the micro-batch through their stages."""
+        out = self.forward_micro_batch(micro, spec.outputs, spec.temperature, spec.entropy_grad)
+        loss, loss_metrics = loss_fn(out, micro, ctx)
+        (loss * weight).backward()
+        return loss_metrics
+
     def _mini_batches(self, data: DataProto, spec: TrainSpec, epoch: int) -> list[DataProto]:
         if spec.shuffle:
             gen = torch.Generator().manual_seed(int(spec.seed) + epoch)
@@ -229,12 +237,10 @@ class TrainEngine(ABC):
                         if spec.reduce_grads_once:
                             self.set_grad_sync(i == len(micro_batches) - 1)
                         micro = micro.to(self.device)
-                        out = self.forward_micro_batch(micro, spec.outputs, spec.temperature, spec.entropy_grad)
                         ctx = LossContext(epoch, mb_index, i, len(micro_batches))
-                        loss, loss_metrics = loss_fn(out, micro, ctx)
                         mask = micro[spec.mask_key]
                         share = (mask.sum().item() if per_token else mask.shape[0]) / max(total, 1.0)
-                        (loss * (share * world)).backward()
+                        loss_metrics = self.forward_backward(micro, loss_fn, spec, ctx, share * world)
                         for name, value in loss_metrics.items():
                             metrics[name].append(_as_float(value))
                     self.set_grad_sync(True)

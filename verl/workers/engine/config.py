@@ -64,6 +64,7 @@ class EngineConfig:
     grad_clip: float | None = None
     checkpoint: dict | None = None
     seed: int = 42
+    megatron: dict = field(default_factory=dict)  # <role>.megatron.* (strategy=megatron: parallel sizes)
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
@@ -109,6 +110,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         exclude_modules=plain(_get(model, "exclude_modules")),
         optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
         grad_clip=_grad_clip(actor), checkpoint=plain(_get(actor, "checkpoint")),
+        megatron=plain(_get(actor, "megatron")) or {},
         **_common(model, _get(actor, "fsdp_config")),
     )
 
@@ -119,7 +121,8 @@ def ref_engine_config(arr_cfg: Any) -> EngineConfig:
     remove_padding = _get(ref, "use_remove_padding", _get(actor, "use_remove_padding",
                                                           _get(model, "use_remove_padding", False)))
     return EngineConfig(name="ref", strategy=str(_get(ref, "strategy", "fsdp")), model_kind="causal_lm",
-                        use_remove_padding=bool(remove_padding), **_common(model, _get(ref, "fsdp_config")))
+                        use_remove_padding=bool(remove_padding), megatron=plain(_get(ref, "megatron")) or {},
+                        **_common(model, _get(ref, "fsdp_config")))
 
 
 def critic_engine_config(critic_cfg: Any) -> EngineConfig:
@@ -135,6 +138,7 @@ def critic_engine_config(critic_cfg: Any) -> EngineConfig:
         target_modules=plain(_get(model, "target_modules", "all-linear")),
         optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
         grad_clip=_grad_clip(critic_cfg), checkpoint=plain(_get(critic_cfg, "checkpoint")),
+        megatron=plain(_get(critic_cfg, "megatron")) or {},
         **_common(model, _get(model, "fsdp_config")),
     )
 
@@ -143,7 +147,7 @@ def reward_engine_config(rm_cfg: Any) -> EngineConfig:
     """The frozen reward model of ``reward_model`` (a sequence classifier)."""
     model = _get(rm_cfg, "model")
     return EngineConfig(name="reward_model", strategy=str(_get(rm_cfg, "strategy", "fsdp")), model_kind="reward",
-                        **_common(model, _get(model, "fsdp_config")))
+                        megatron=plain(_get(rm_cfg, "megatron")) or {}, **_common(model, _get(model, "fsdp_config")))
 
 
 def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) -> EngineConfig:

@@ -1,0 +1,1 @@
+"""Helpers for the Megatron-core training engine (``verl.workers.engine.megatron``)."""

@@ -1,0 +1,49 @@
+"""Log-probabilities and entropies from vocabulary-parallel logits (each tensor rank holds a slice of the
+vocabulary), without gathering the full logits.
+
+With ``m`` the (detached) global max, ``S = sum_v exp(l_v - m)`` over all ranks and ``lse = log S``:
+``log p(y) = (l_y - m) - lse`` and ``H = lse - sum_v p_v (l_v - m)``. The cross-rank sums use megatron's
+``reduce_from_tensor_model_parallel_region`` (all-reduce forward, identity backward): every tensor rank
+computes the same loss, so each rank's slice receives exactly its own gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["vocab_parallel_log_probs"]
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, *,
+                             with_entropy: bool = False, entropy_grad: bool = True):
+    """``(log_probs, entropy or None)`` of ``labels`` under ``logits`` (..., V_local), float32.
+
+    ``vocab_size``: the real vocabulary (columns at or beyond it are padding and get probability 0).
+    """
+    from megatron.core import parallel_state as ps  # optional heavy dependency
+    from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region as reduce_tp
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    rank = ps.get_tensor_model_parallel_rank()
+    logits = logits.float()
+    local = logits.shape[-1]
+    start = rank * local
+    if start + local > vocab_size:  # padded vocabulary rows on this rank
+        cols = torch.arange(start, start + local, device=logits.device)
+        logits = logits.masked_fill(cols >= vocab_size, torch.finfo(logits.dtype).min / 4)
+    m = logits.detach().max(dim=-1).values
+    if tp > 1:
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+    shifted = logits - m.unsqueeze(-1)
+    lse = reduce_tp(shifted.exp().sum(dim=-1)).log()
+    target = labels - start
+    in_range = (target >= 0) & (target < local)
+    picked = shifted.gather(-1, target.clamp(0, local - 1).unsqueeze(-1)).squeeze(-1) * in_range
+    log_probs = reduce_tp(picked) - lse
+    entropy = None
+    if with_entropy:
+        s, l_ = (shifted, lse) if entropy_grad else (shifted.detach(), lse.detach())
+        p = (s - l_.unsqueeze(-1)).exp()
+        entropy = l_ - reduce_tp((p * s).sum(dim=-1))
+    return log_probs, entropy
