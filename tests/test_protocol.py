@@ -351,7 +351,9 @@ def test_future_chunk_selects_lazily_without_ray():
     """chunk() composes dispatch functions; resolving with a fake fetch checks what each chunk selects."""
     whole = make(8)
     fut = DataProtoFuture.concat(["ref0", "ref1"])
-    assert fut.collect_fn == DataProto.concat and fut.futures == ["ref0", "ref1"]
+    assert fut.futures == ["ref0", "ref1"]
+    parts = make(8).chunk(2)
+    assert rows(fut.collect_fn(parts)) == list(range(8))  # the DataProtos behind the refs, concatenated
     halves = fut.chunk(2)
     quarters = halves[1].chunk(2)
     assert rows(quarters[0].dispatch_fn(whole)) == [4, 5]

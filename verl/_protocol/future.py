@@ -11,6 +11,10 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from tensordict import TensorDict
+
+from verl.utils import tensordict_utils as tu
+
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
@@ -56,10 +60,8 @@ class DataProtoFuture:
 
     @staticmethod
     def concat(data: list) -> "DataProtoFuture":
-        """A future that concatenates the DataProtos behind ``data`` (Ray object refs)."""
-        from verl.protocol import DataProto
-
-        return DataProtoFuture(collect_fn=DataProto.concat, futures=list(data))
+        """A future that concatenates the DataProtos (or TensorDicts) behind ``data`` (Ray object refs)."""
+        return DataProtoFuture(collect_fn=_concat_results, futures=list(data))
 
     def chunk(self, chunks: int) -> list["DataProtoFuture"]:
         """``chunks`` futures, the i-th resolving to chunk i of this future's value."""
@@ -79,8 +81,9 @@ class DataProtoFuture:
         except ray.exceptions.RayError as err:
             raise self._worker_error(err) from err
         for i, out in enumerate(outputs):
-            if not isinstance(out, DataProto):
-                raise TypeError(f"DataProtoFuture: worker {i} returned {type(out).__name__}, expected DataProto")
+            if not isinstance(out, (DataProto, TensorDict)):
+                raise TypeError(f"DataProtoFuture: worker {i} returned {type(out).__name__}, expected DataProto "
+                                f"or TensorDict")
         result = self.collect_fn(outputs)
         return self.dispatch_fn(result) if self.dispatch_fn is not None else result
 
@@ -102,6 +105,15 @@ class DataProtoFuture:
         return err
 
 
+def _concat_results(parts: list):
+    """DataProto.concat for DataProtos, concat_tensordict (jagged tensors included) for TensorDicts."""
+    from verl.protocol import DataProto
+
+    if parts and all(isinstance(p, TensorDict) for p in parts):
+        return tu.concat_tensordict(parts)
+    return DataProto.concat(parts)
+
+
 @dataclass
 class _ChunkSelector:
     """Picklable ``dispatch_fn``: apply the parent's dispatch (if any), then take chunk ``index``."""
@@ -113,4 +125,6 @@ class _ChunkSelector:
     def __call__(self, data: DataProto) -> DataProto:
         if self.parent is not None:
             data = self.parent(data)
+        if isinstance(data, TensorDict):
+            return tu.chunk_tensordict(data, self.chunks)[self.index]
         return data.chunk(chunks=self.chunks)[self.index]

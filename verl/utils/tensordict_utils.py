@@ -22,6 +22,7 @@ __all__ = [
     "assign_non_tensor_data",
     "assign_non_tensor_stack",
     "assert_tensordict_eq",
+    "chunk_tensordict",
     "concat_nested_tensors",
     "concat_tensordict",
     "get",
@@ -233,6 +234,18 @@ def index_select_tensor_dict(batch: TensorDict | None, indices: torch.Tensor | l
         else:
             out[key] = value[indices]
     return TensorDict(source=out, batch_size=[indices.shape[0]])
+
+
+def chunk_tensordict(td: TensorDict, chunks: int) -> list[TensorDict]:
+    """``chunks`` consecutive parts of equal length (the dispatch to data-parallel ranks); jagged tensors,
+    per-row objects and batch-level values are carried into every part. The length must divide evenly."""
+    _require_tensordict(td, "td")
+    n = td.batch_size[0] if td.batch_size else 0
+    if chunks < 1 or n % chunks != 0:
+        raise ValueError(f"cannot split a TensorDict of {n} rows into {chunks} equal chunks; pad it first "
+                         f"(pad_to_divisor) or make the batch size a multiple of {chunks}")
+    size = n // chunks
+    return [index_select_tensor_dict(td, torch.arange(i * size, (i + 1) * size)) for i in range(chunks)]
 
 
 def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:

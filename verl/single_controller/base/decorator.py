@@ -169,12 +169,19 @@ def collect_dp_compute(worker_group, output):
 def _is_dataproto_like(obj) -> bool:
     from verl.protocol import DataProto, DataProtoFuture
 
-    return isinstance(obj, (DataProto, DataProtoFuture))
+    return isinstance(obj, (DataProto, DataProtoFuture)) or _is_tensordict(obj)
+
+
+def _is_tensordict(obj) -> bool:
+    tensordict = sys.modules.get("tensordict")  # loaded whenever a TensorDict exists; never imported here
+    return tensordict is not None and isinstance(obj, tensordict.TensorDict)
 
 
 def _padding_enabled(data) -> bool:
     from verl.protocol import DataProto, DataProtoConfig
 
+    if _is_tensordict(data):
+        return bool(DataProtoConfig.auto_padding)
     if not isinstance(data, DataProto):
         return False
     if hasattr(data, "is_padding_enabled"):
@@ -183,13 +190,14 @@ def _padding_enabled(data) -> bool:
 
 
 def split_dataproto_args(chunks: int, *args, **kwargs):
-    """Chunk every DataProto / DataProtoFuture argument into ``chunks`` equal parts.
+    """Chunk every DataProto / DataProtoFuture / TensorDict argument into ``chunks`` equal parts.
 
     With auto padding on (``DataProtoConfig.auto_padding`` or the DataProto's own flag) a batch whose
     length is not divisible is padded first; the number of padding rows travels back to the group in
     ``kwargs[_PADDING_SIZE_KEY]`` so it can unpad the collected result.
     """
     from verl.protocol import DataProto, pad_dataproto_to_divisor
+    from verl.utils import tensordict_utils as tu  # in-function like verl.protocol: this module stays import-light
 
     batch_len: int | None = None
     pad_size: int | None = None
@@ -200,27 +208,28 @@ def split_dataproto_args(chunks: int, *args, **kwargs):
             obj = _materialize(obj)
         if not _is_dataproto_like(obj):
             raise DispatchError(
-                f"argument {name} must be a DataProto or DataProtoFuture for a DP_COMPUTE_PROTO-style "
+                f"argument {name} must be a DataProto, DataProtoFuture or TensorDict for a DP_COMPUTE_PROTO-style "
                 f"dispatch, got {type(obj).__name__}"
             )
-        if isinstance(obj, DataProto):
+        is_td = _is_tensordict(obj)
+        if isinstance(obj, DataProto) or is_td:
             n = len(obj)
             if _padding_enabled(obj):
                 if batch_len is None:
                     batch_len = n
                 elif batch_len != n:
                     raise DispatchError(
-                        f"auto padding needs all DataProto arguments to have the same length; "
+                        f"auto padding needs all batch arguments to have the same length; "
                         f"got {batch_len} and {n} (argument {name})"
                     )
-                obj, pad_size = pad_dataproto_to_divisor(obj, chunks)
+                obj, pad_size = tu.pad_to_divisor(obj, chunks) if is_td else pad_dataproto_to_divisor(obj, chunks)
             elif n % chunks != 0:
                 raise DispatchError(
                     f"batch of length {n} (argument {name}) is not divisible by the data-parallel size "
                     f"{chunks}; make the batch size a multiple of {chunks}, or turn on "
                     f"DataProtoConfig.auto_padding / pad with verl.protocol.pad_dataproto_to_divisor"
                 )
-        return obj.chunk(chunks=chunks)
+        return tu.chunk_tensordict(obj, chunks) if is_td else obj.chunk(chunks=chunks)
 
     split_args = tuple(split(f"#{i}", a) for i, a in enumerate(args))
     split_kwargs = {k: split(repr(k), v) for k, v in kwargs.items()}
@@ -243,15 +252,19 @@ def dispatch_dp_compute_data_proto_with_func(worker_group, *args, **kwargs):
 
 
 def _concat_outputs(outputs: list):
-    """Concatenate DataProto outputs (DataProto.concat) or wrap ObjectRefs into a DataProtoFuture."""
+    """Concatenate DataProto outputs (DataProto.concat) or TensorDict outputs (concat_tensordict, jagged tensors
+    included), or wrap ObjectRefs into a DataProtoFuture."""
     from verl.protocol import DataProto, DataProtoFuture
+    from verl.utils import tensordict_utils as tu
 
     if outputs and all(_is_object_ref(o) for o in outputs):
         return DataProtoFuture.concat(list(outputs))
+    if outputs and all(_is_tensordict(o) for o in outputs):
+        return tu.concat_tensordict(list(outputs))
     for i, o in enumerate(outputs):
         if not isinstance(o, DataProto):
             raise DispatchError(
-                f"a DP_COMPUTE_PROTO method must return a DataProto on every rank; output {i} is "
+                f"a DP_COMPUTE_PROTO method must return a DataProto (or a TensorDict) on every rank; output {i} is "
                 f"{type(o).__name__}"
             )
     return DataProto.concat(list(outputs))

@@ -16,6 +16,7 @@ from verl.single_controller.base.decorator import (
     Dispatch,
     DispatchError,
     Execute,
+    _is_tensordict,
     dispatch_all_to_all,
     dispatch_rank_zero,
     get_predefined_dispatch_fn,
@@ -110,8 +111,8 @@ def _unpad_output(output, padding_size: int):
     """Drop the rows auto padding added (DataProto, DataProtoFuture or a per-row list)."""
     from verl.protocol import DataProto, DataProtoFuture, unpad_dataproto
 
-    if isinstance(output, DataProto):
-        return unpad_dataproto(output, pad_size=padding_size)
+    if isinstance(output, DataProto) or _is_tensordict(output):
+        return unpad_dataproto(output, pad_size=padding_size)  # row slicing: the same for a TensorDict
     if isinstance(output, DataProtoFuture):
         inner = output.dispatch_fn
 
