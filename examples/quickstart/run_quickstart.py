@@ -33,7 +33,7 @@ import time
 
 from verl.utils.plotting import plot_training_curves
 
-from stage_progress import GRPO_SHOWN, SFT_SHOWN, StageProgress, fmt_duration, stamp
+from stage_progress import GRPO_PHASES, GRPO_SHOWN, SFT_PHASES, SFT_SHOWN, StageProgress, fmt_duration, stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VAL_PREFIX = "val-core/arithmetic/reward/mean@"  # greedy validation: one sample per (unique) prompt -> mean@1
@@ -58,7 +58,8 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def run_stage(name: str, cmd: list[str], out: str, env: dict, steps: int | None = None, shown=None) -> float:
+def run_stage(name: str, cmd: list[str], out: str, env: dict, steps: int | None = None, shown=None,
+              phases=None) -> float:
     """Run ``cmd``, writing its output to <out>/logs/<name>.log while showing live progress (stage_progress);
     exit with the log's tail on failure."""
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
@@ -66,7 +67,7 @@ def run_stage(name: str, cmd: list[str], out: str, env: dict, steps: int | None 
     log(f"{name}: {' '.join(cmd[:4])} ... (log: {path})")
     start = time.time()
     env = dict(env, PYTHONUNBUFFERED="1")  # the stage's lines arrive as they are printed
-    with open(path, "w") as f, StageProgress(name, steps, shown) as progress:
+    with open(path, "w") as f, StageProgress(name, steps, shown, phases) as progress:
         f.write(" ".join(cmd) + "\n\n")
         f.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -239,7 +240,8 @@ def main(argv=None) -> None:
             f"trainer.total_training_steps={sft['steps']}", f"trainer.test_freq={max(sft['steps'] // 4, 1)}",
             "trainer.logger=[console]", f"trainer.default_local_dir={sft_dir}",
             "trainer.project_name=quickstart", "trainer.experiment_name=arith_sft",
-        ], out, dict(env, OMP_NUM_THREADS="1"), steps=sft["steps"], shown=SFT_SHOWN)  # 128-wide matmuls: one thread is as fast, and robust to a busy machine
+        # OMP_NUM_THREADS=1: 128-wide matmuls are as fast on one thread, and robust to a busy machine
+        ], out, dict(env, OMP_NUM_THREADS="1"), steps=sft["steps"], shown=SFT_SHOWN, phases=SFT_PHASES)
     log(f"SFT model: {sft_model}")
 
     # 4. GRPO
@@ -278,7 +280,7 @@ def main(argv=None) -> None:
         f"trainer.total_training_steps={grpo['steps']}", "trainer.total_epochs=1000",
         f"trainer.default_local_dir={grpo_dir}/ckpt", "trainer.project_name=quickstart",
         "trainer.experiment_name=arith_grpo",
-    ], out, grpo_env, steps=grpo["steps"], shown=GRPO_SHOWN)
+    ], out, grpo_env, steps=grpo["steps"], shown=GRPO_SHOWN, phases=GRPO_PHASES)
 
     # 5. report
     timings["total"] = time.time() - t0

@@ -64,15 +64,28 @@ def _first_match(metrics: dict[str, float], pattern: re.Pattern) -> float | None
 Shown = dict[str, "str | re.Pattern"]
 GRPO_SHOWN: Shown = {"score": "critic/score/mean", "val acc": re.compile(r"^val-core/.+/reward/mean@\d+$")}
 SFT_SHOWN: Shown = {"loss": "train/loss", "val loss": "val/loss"}
+# what the stage is doing before its first step: (a line that marks the start of a phase, the phase)
+Phases = list[tuple[re.Pattern, str]]
+GRPO_PHASES: Phases = [
+    (re.compile(r"Started a local Ray instance"), "Ray started"),
+    (re.compile(r"TaskRunner on "), "loading tokenizer, data and reward"),
+    (re.compile(r"Resource pools: "), "starting workers: model, optimizer, rollout engine"),
+    (re.compile(r"Initial validation metrics"), "validated the start model; first step"),
+]
+SFT_PHASES: Phases = [
+    (re.compile(r"^SFT: \d+ train rows"), "loading the model"),
+    (re.compile(r"contains [\d.]+[KMB]? parameters"), "first step"),
+]
 
 
 class StageProgress:
     """Progress of one stage; call ``feed(line)`` for each output line and ``tick()`` about once a second."""
 
     def __init__(self, name: str, total_steps: int | None = None, shown: Shown | None = None,
-                 stream: TextIO | None = None, interactive: bool | None = None, interval: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 phases: Phases | None = None, stream: TextIO | None = None, interactive: bool | None = None,
+                 interval: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.name, self.total, self.shown = name, total_steps, dict(shown or {})
+        self.phases, self.phase = list(phases or []), "starting"
         self.stream = stream if stream is not None else sys.stdout
         self.interactive = self.stream.isatty() if interactive is None else interactive
         self.interval, self.clock = interval, clock
@@ -90,6 +103,11 @@ class StageProgress:
     def feed(self, line: str) -> None:
         parsed = parse_step_line(line)
         if parsed is None:
+            for pattern, phase in self.phases:
+                if pattern.search(line):
+                    self.phase = phase
+                    if self.bar is not None and self.step == 0:
+                        self.bar.set_description(f"{self.name} ({phase})")
             return
         step, metrics = parsed
         for label, key in self.shown.items():
@@ -121,8 +139,10 @@ class StageProgress:
     def status_line(self) -> str:
         elapsed = self.clock() - self.start
         if self.step == 0:
-            where = f"starting, {fmt_duration(elapsed)} so far" if self.total else f"running, {fmt_duration(elapsed)}"
+            where = f"{self.phase}, {fmt_duration(elapsed)} so far" if self.total else f"running, {fmt_duration(elapsed)}"
             parts = [where]
+        elif self.total and self.step >= self.total:
+            parts = [f"step {self.step}/{self.total}, finishing (final validation, writing outputs)"]
         else:
             parts = [f"step {self.step}/{self.total}" if self.total else f"step {self.step}"]
         if self.latest:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "quickstart"))
 
-from stage_progress import GRPO_SHOWN, SFT_SHOWN, StageProgress, parse_step_line  # noqa: E402
+from stage_progress import GRPO_PHASES, GRPO_SHOWN, SFT_SHOWN, StageProgress, parse_step_line  # noqa: E402
 
 
 class Clock:
@@ -27,9 +27,11 @@ def test_parse_console_line_behind_ray_prefix():
 
 def test_plain_lines_every_interval_with_score_and_eta():
     clock, out = Clock(), io.StringIO()
-    progress = StageProgress("grpo", 10, GRPO_SHOWN, stream=out, interactive=False, interval=5.0, clock=clock)
+    progress = StageProgress("grpo", 10, GRPO_SHOWN, GRPO_PHASES, stream=out, interactive=False, interval=5.0,
+                             clock=clock)
     clock.t += 6
-    progress.tick()  # start-up: no step yet, still a line
+    progress.feed("\x1b[36m(TaskRunner pid=7)\x1b[0m Resource pools: {'global_pool': [1]}")
+    progress.tick()  # start-up: no step yet, still a line, saying what is going on
     progress.feed("step:0 - val-core/arithmetic/reward/mean@1:0.253")
     for step in (1, 2, 3):
         clock.t += 2
@@ -37,7 +39,7 @@ def test_plain_lines_every_interval_with_score_and_eta():
         progress.tick()
     lines = out.getvalue().splitlines()
     assert len(lines) == 2, lines
-    assert lines[0].endswith("grpo: starting, 6s so far")
+    assert lines[0].endswith("grpo: starting workers: model, optimizer, rollout engine, 6s so far")
     assert lines[1].endswith("grpo: step 3/10 | score 0.300 | val acc 0.253 | 2.0 s/step, about 14s left")
     clock.t += 4
     progress.tick()  # 4 s after the last line: nothing new
@@ -46,6 +48,11 @@ def test_plain_lines_every_interval_with_score_and_eta():
     progress.feed("step:4 - critic/score/mean:0.5 - val-core/arithmetic/reward/mean@1:0.3")
     progress.tick()  # 5 s: another line, with the newest numbers
     assert out.getvalue().splitlines()[-1].endswith("grpo: step 4/10 | score 0.500 | val acc 0.300 | 3.0 s/step, about 18s left")
+    clock.t += 5
+    progress.feed("step:10 - critic/score/mean:0.6")
+    progress.tick()
+    assert out.getvalue().splitlines()[-1].endswith(
+        "grpo: step 10/10, finishing (final validation, writing outputs) | score 0.600 | val acc 0.300 | 0.8 s/step")
 
 
 def test_terminal_bar_shows_steps_and_numbers():
