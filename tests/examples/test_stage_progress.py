@@ -52,7 +52,7 @@ def test_plain_lines_every_interval_with_score_and_eta():
     progress.feed("step:10 - critic/score/mean:0.6")
     progress.tick()
     assert out.getvalue().splitlines()[-1].endswith(
-        "grpo: step 10/10, finishing (final validation, writing outputs) | score 0.600 | val acc 0.300 | 0.8 s/step")
+        "grpo: step 10/10, finishing (final validation, writing outputs) | score 0.600 | val acc 0.300 | 1.6 s/step")
 
 
 def test_terminal_bar_shows_steps_and_numbers():
