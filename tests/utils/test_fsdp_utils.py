@@ -167,3 +167,35 @@ def test_fsdp2_wrap_mixed_precision_and_state_dict_roundtrip(tmp_path):
     merged = load_fsdp_checkpoint(str(tmp_path / "hsdp"))
     for k, v in tiny_model(seed=4).state_dict().items():
         assert torch.equal(merged[k], v), k
+
+
+def test_lr_schedules_come_from_transformers_and_keep_verl_numbers():
+    """build_lr_scheduler uses transformers' schedules; the lr per step equals verl's formula (warm-up, cosine to
+    min_lr_ratio) computed by hand."""
+    import math
+
+    from verl.utils.fsdp_utils import build_lr_scheduler
+
+    def lrs(optim_cfg, total, steps):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+        sched = build_lr_scheduler(opt, optim_cfg, total)
+        out = []
+        for _ in range(steps):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out, type(sched).__module__
+
+    total, warmup, min_ratio = 40, 4, 0.1
+    got, _ = lrs({"lr_scheduler_type": "cosine", "lr_warmup_steps": warmup, "min_lr_ratio": min_ratio}, total, total)
+    for step, lr in enumerate(got):
+        if step < warmup:
+            factor = step / warmup
+        else:
+            progress = (step - warmup) / (total - warmup)
+            factor = min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        assert lr == pytest.approx(0.5 * factor, rel=1e-12, abs=1e-15), step
+    const, _ = lrs({"lr_scheduler_type": "constant", "lr_warmup_steps_ratio": 0.25}, 8, 8)
+    assert const == pytest.approx([0.0, 0.25, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match="lr_scheduler_type=cosine needs the total"):
+        lrs({"lr_scheduler_type": "cosine"}, None, 1)

@@ -25,14 +25,17 @@ from collections.abc import Iterable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
+from transformers.optimization import (get_constant_schedule_with_warmup,
+                                       get_cosine_with_min_lr_schedule_with_warmup)
 
 from verl.utils.device import get_device_name, get_torch_device
 from verl.utils.model import to_torch_dtype, unwrap_peft
 
-try:  # torch >= 2.6
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
-except ImportError:  # pragma: no cover
-    from torch.distributed._composable.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from peft.tuners.lora import LoraLayer
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 __all__ = [
@@ -71,8 +74,6 @@ def cfg_get(config, key: str, default=None):
 # ------------------------------------------------------------------------------------------------ sharding
 def create_device_mesh(world_size: int | None = None, fsdp_size: int = -1):
     """1-D mesh ``("fsdp",)`` over all ranks, or a 2-D HSDP mesh ``("ddp", "fsdp")`` when 0 < fsdp_size < world."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     world_size = world_size or dist.get_world_size()
     device = get_device_name()
     if fsdp_size is None or fsdp_size <= 0 or fsdp_size >= world_size:
@@ -83,8 +84,6 @@ def create_device_mesh(world_size: int | None = None, fsdp_size: int = -1):
 
 
 def _as_mesh(mesh_or_group):
-    from torch.distributed.device_mesh import DeviceMesh
-
     if mesh_or_group is None:
         return create_device_mesh()
     if isinstance(mesh_or_group, DeviceMesh):
@@ -161,21 +160,12 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
 
 # ------------------------------------------------------------------------------------------------ LoRA
 def is_peft_model(model: nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover
-        return False
     return isinstance(model, PeftModel)
 
 
 def _to_plain(value):
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(value, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(value, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
     return value
 
 
@@ -185,8 +175,6 @@ def apply_lora(model: nn.Module, lora_rank: int, lora_alpha: float = 16, target_
 
     A token-classification critic keeps its value head (``score``) trainable as well.
     """
-    from peft import LoraConfig, TaskType, get_peft_model
-
     if lora_rank <= 0:
         raise ValueError(f"apply_lora needs lora_rank > 0, got {lora_rank}")
     is_token_cls = type(model).__name__.endswith("ForTokenClassification")
@@ -228,13 +216,12 @@ def build_optimizer(params: Iterable, optim_cfg) -> torch.optim.Optimizer:
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int | None = None):
-    """Warm-up then constant or cosine (``lr_scheduler_type``, or the older ``warmup_style``).
+    """Warm-up then constant or cosine (``lr_scheduler_type``, or the older ``warmup_style``): transformers'
+    ``get_constant_schedule_with_warmup`` / ``get_cosine_with_min_lr_schedule_with_warmup``.
 
     Warm-up steps: ``lr_warmup_steps`` when > 0, else ``lr_warmup_steps_ratio * total_steps``. ``total_steps``
     defaults to ``optim.total_training_steps``. Cosine decays to ``min_lr_ratio * lr`` over ``num_cycles``.
     """
-    from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-
     total = total_steps if total_steps and total_steps > 0 else int(cfg_get(optim_cfg, "total_training_steps", -1))
     warmup = int(cfg_get(optim_cfg, "lr_warmup_steps", -1))
     if warmup <= 0:
@@ -246,10 +233,10 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps:
         if total <= 0:
             raise ValueError("lr_scheduler_type=cosine needs the total number of training steps "
                              "(optim.total_training_steps or the total_steps argument)")
-        return get_cosine_schedule_with_warmup(
+        return get_cosine_with_min_lr_schedule_with_warmup(
             optimizer, num_warmup_steps=warmup, num_training_steps=total,
-            min_lr_ratio=float(cfg_get(optim_cfg, "min_lr_ratio", 0.0)),
             num_cycles=float(cfg_get(optim_cfg, "num_cycles", 0.5)),
+            min_lr_rate=float(cfg_get(optim_cfg, "min_lr_ratio", 0.0)),
         )
     raise ValueError(f"optim.lr_scheduler_type={style!r} is not supported; use constant or cosine")
 
@@ -284,10 +271,6 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 def _lora_layers(model: nn.Module) -> dict:
-    try:
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # pragma: no cover
-        return {}
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 

@@ -122,3 +122,18 @@ def place_response_window(part: torch.Tensor, response_length: int, first: int) 
     out = part.new_zeros(part.shape[0], response_length)
     out[:, first : first + part.shape[1]] = part
     return out
+
+
+def response_attention_mask(batch) -> torch.Tensor:
+    """The response part of ``attention_mask`` (its last ``responses.shape[-1]`` columns) of a ``TensorDict`` or
+    ``DataProto``: 1 on response tokens up to and including EOS, 0 after."""
+    batch = getattr(batch, "batch", batch)
+    return batch["attention_mask"][:, -batch["responses"].shape[-1]:]
+
+
+def response_mask(batch) -> torch.Tensor:
+    """The response-token mask of a batch: ``response_mask`` when present (it may exclude tool or user tokens),
+    else :func:`response_attention_mask`. Returns it, never stores it."""
+    inner = getattr(batch, "batch", batch)
+    return inner["response_mask"] if "response_mask" in inner.keys() else response_attention_mask(inner)
+

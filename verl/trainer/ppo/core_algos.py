@@ -33,6 +33,7 @@ from verl.trainer.ppo.pf_ppo import compute_pf_ppo_reweight_data
 from verl.trainer.ppo.policy_loss import *  # noqa: F401,F403
 from verl.trainer.ppo.policy_loss import __all__ as _loss_all
 from verl.utils import torch_functional as verl_F
+from verl.utils.padding import response_mask
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -50,8 +51,7 @@ def compute_rewards(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor
 def _response_mask(data: "DataProto") -> torch.Tensor:
     """``response_mask`` from the batch, else the response part of ``attention_mask`` (stored back)."""
     if "response_mask" not in data.batch.keys():
-        response_length = data.batch["responses"].shape[-1]
-        data.batch["response_mask"] = data.batch["attention_mask"][:, -response_length:]
+        data.batch["response_mask"] = response_mask(data)
     return data.batch["response_mask"]
 
 

@@ -68,6 +68,7 @@ from verl.trainer.ppo.utils import (
     rollout_probs_diff_metrics,
 )
 from verl.trainer.ppo.validation import ValidationMixin, _val_metric_names  # noqa: F401 (re-exported)
+from verl.utils.padding import response_attention_mask
 from verl.utils.timer import marked_timer
 from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 
@@ -90,8 +91,7 @@ _PF_PPO_ROW = "pf_ppo_source_row"  # temporary: which pre-resampling row each PF
 
 def compute_response_mask(data: DataProto) -> torch.Tensor:
     """1 for response tokens up to and including EOS, 0 after: the response part of ``attention_mask``."""
-    response_length = data.batch["responses"].size(1)
-    return data.batch["attention_mask"][:, -response_length:]
+    return response_attention_mask(data)
 
 
 class RayPPOTrainer(ValidationMixin):

@@ -35,6 +35,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.trainer.ppo.rollout_corr import truncated_is_weights
 from verl.utils.fsdp_utils import cfg_get
+from verl.utils.padding import response_mask
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.config_utils import PPOBatchSizes
 from verl.workers.engine import FSDPEngine, LossContext, MicroBatchSpec, TrainEngine, TrainSpec
@@ -171,8 +172,7 @@ class DataParallelPPOActor(BasePPOActor):
 
     def update_policy(self, data: DataProto) -> dict:
         """PPO update: ``ppo_epochs`` x mini-batches, each one optimizer step; returns metrics (lists)."""
-        if "response_mask" not in data.batch.keys():
-            data.batch["response_mask"] = data.batch["attention_mask"][:, -data.batch["responses"].shape[-1]:]
+        data.batch["response_mask"] = response_mask(data)
         use_kl_loss = bool(cfg_get(self.config, "use_kl_loss", False))
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "old_log_probs",
                 "advantages"]

@@ -16,6 +16,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.fsdp_utils import cfg_get
+from verl.utils.padding import response_mask
 from verl.utils.torch_functional import masked_mean
 from verl.workers.config_utils import PPOBatchSizes
 from verl.workers.critic.base import BasePPOCritic
@@ -72,15 +73,11 @@ class DataParallelPPOCritic(BasePPOCritic):
             max_token_len=meta.get("max_token_len") or cfg_get(cfg, "forward_max_token_len_per_gpu", None)
             or cfg_get(cfg, "ppo_max_token_len_per_gpu", None))
         values = self.engine.infer(data, ("values",), micro)["values"]
-        response_length = data.batch["responses"].shape[-1]
-        mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else \
-            data.batch["attention_mask"][:, -response_length:]
-        return values * mask.to(values.dtype)
+        return values * response_mask(data).to(values.dtype)
 
     def update_critic(self, data: DataProto) -> dict:
         cfg = self.config
-        if "response_mask" not in data.batch.keys():
-            data.batch["response_mask"] = data.batch["attention_mask"][:, -data.batch["responses"].shape[-1]:]
+        data.batch["response_mask"] = response_mask(data)
         keys = ["input_ids", "responses", "response_mask", "attention_mask", "position_ids", "values", "returns"]
         batch = DataProto(batch=data.batch.select(*keys), meta_info=dict(data.meta_info))
         loss_agg_mode = cfg_get(cfg, "loss_agg_mode", "token-mean")
