@@ -184,6 +184,9 @@ def load_hf_weights(model: nn.Module, model_dir: str, hf_config, value_head: boo
                 raise ValueError(f"{model_dir}: {hf_names} gives {tuple(local.shape)} for {name}, expected "
                                  f"{tuple(params[name].shape)} (does config.json match the weights?)")
             params[name].copy_(local.to(params[name].dtype))
+        # megatron tags split parameters only when it initialises them itself; the engine's gradient norm
+        # counts replicated ones on tensor rank 0 only, so tag every parameter from its cut
+        params[name].tensor_model_parallel = kind != "rep" and layout.tp > 1
         seen.add(name)
     missing = [n for n in params if n not in seen]
     if missing:

@@ -183,8 +183,8 @@ class MegatronEngine(TrainEngine):
 
     @property
     def is_output_rank(self) -> bool:
-        """Whether this rank computes the outputs (the last pipeline stage)."""
-        return self.layout.last
+        """Whether this rank reports its dp group's outputs (tensor rank 0 of the last pipeline stage)."""
+        return self.layout.last and self.layout.tp_rank == 0
 
     # ------------------------------------------------------------------ inputs
     def _aligned(self, micro):
