@@ -77,14 +77,12 @@ def run(code: str) -> str:
     return out.stdout
 
 
-def test_protocol_imports_neither_ray_nor_the_single_controller():
-    out = run("import sys, verl.protocol\n"
-              "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'verl.single_controller'))))")
-    assert out.strip() == "[]"
-
-
-def test_single_controller_does_not_import_the_trainer_and_role_has_one_home():
+def test_import_direction_protocol_then_single_controller_then_trainer_and_role_has_one_home():
+    """One fresh interpreter (imports are cached per process): protocol loads neither Ray nor the controller;
+    the controller does not load the trainer; every old path to Role gives the enum of verl.trainer.ppo.utils."""
     out = run("import sys\n"
+              "import verl.protocol\n"
+              "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', 'verl.single_controller'))))\n"
               "import verl.single_controller.ray as r\n"
               "print(any(m.startswith('verl.trainer') for m in sys.modules))\n"
               "from verl.single_controller.ray import Role as A\n"
@@ -92,9 +90,10 @@ def test_single_controller_does_not_import_the_trainer_and_role_has_one_home():
               "from verl.trainer.ppo.ray_trainer import Role as C\n"
               "from verl.trainer.ppo.utils import Role as D\n"
               "print(A is B is C is D, D.__module__, str(D.ActorRollout), D.from_string('ref') is D.RefPolicy)")
-    first, second = out.strip().splitlines()
-    assert first == "False"
-    assert second == "True verl.trainer.ppo.utils actor_rollout True"
+    protocol_loads, controller_loads_trainer, role = out.strip().splitlines()
+    assert protocol_loads == "[]"
+    assert controller_loads_trainer == "False"
+    assert role == "True verl.trainer.ppo.utils actor_rollout True"
 
 
 # ----------------------------------------------------------------------------------- fused worker, in-process

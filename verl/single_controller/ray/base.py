@@ -6,6 +6,7 @@ count in its environment, then binds every ``@register`` method of ``MyWorker`` 
 
 Extra per-worker environment variables go in with ``RayWorkerGroup(..., worker_env={"KEY": "value"})``;
 the variables the group sets itself (RANK, MASTER_PORT ...) cannot be overridden that way (ValueError).
+``master_addr=`` and ``master_port=`` (both or neither) fix rank 0's rendezvous address instead.
 
 Failures: a blocking call waits on all workers but returns at the first failure, raising
 ``WorkerError`` naming the group, rank, actor and method, with the worker's own traceback (or Ray's
@@ -117,6 +118,10 @@ class RayWorkerGroup(WorkerGroup):
         **kwargs,
     ) -> None:
         worker_env = _check_worker_env(kwargs.pop("worker_env", None))
+        fixed_master = (kwargs.pop("master_addr", None), kwargs.pop("master_port", None))
+        if (fixed_master[0] is None) != (fixed_master[1] is None):
+            raise ValueError("Both 'master_addr' and 'master_port' must be provided if you intend to manually specify "
+                             "them, or neither should be provided to let the group pick rank 0's node and a free port")
         super().__init__(resource_pool=resource_pool, **kwargs)
         self.customized_worker_env = worker_env
         if ray_cls_with_init is None:
@@ -130,16 +135,19 @@ class RayWorkerGroup(WorkerGroup):
         if worker_names is not None or worker_handles is not None:
             self._init_with_detached_workers(worker_names, worker_handles)
         elif resource_pool is not None:
-            self._init_with_resource_pool(resource_pool, ray_cls_with_init, bin_pack, detached)
+            self._init_with_resource_pool(resource_pool, ray_cls_with_init, bin_pack, detached, fixed_master)
         else:
             raise ValueError("RayWorkerGroup needs a resource_pool, or worker_names/worker_handles to re-attach")
         self.method_names = self._bind_worker_method(ray_cls_with_init.cls)
 
     # -- construction ------------------------------------------------------------------------
-    def _init_with_resource_pool(self, resource_pool, ray_cls_with_init, bin_pack, detached):
+    def _init_with_resource_pool(self, resource_pool, ray_cls_with_init, bin_pack, detached, fixed_master=(None, None)):
         pgs = resource_pool.get_placement_groups(strategy="STRICT_PACK" if bin_pack else "PACK")
         world_size = resource_pool.world_size
-        master_addr, master_port = pick_master_addr_port(pgs[0], 0)
+        if fixed_master[0] is not None:
+            master_addr, master_port = str(fixed_master[0]), str(fixed_master[1])
+        else:
+            master_addr, master_port = pick_master_addr_port(pgs[0], 0)
         self._master_addr, self._master_port = master_addr, master_port
         cls_name = _unwrap_cls(ray_cls_with_init.cls).__name__
         cpu_per_actor = resource_pool.num_cpus_per_process / resource_pool.max_colocate_count
