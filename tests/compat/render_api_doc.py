@@ -37,6 +37,16 @@ Where behaviour differs from verl on purpose:
 - `Role` lives in `verl.trainer.ppo.utils` (as in verl); `verl.trainer.ppo.ray_trainer.Role` and
   `verl.single_controller.ray.Role` are the same enum.
 
+Behaviour worth knowing (as in verl):
+
+- `DataProto.padding(n)` with the default `padding_candidate=""` appends copies of the *last* row
+  (`"first"` copies the first);
+- `DP_COMPUTE_PROTO`-style dispatch modes (and `make_nd_compute_dataproto_dispatch_fn`) accept `TensorDict`
+  arguments as well as `DataProto`: they are split per rank with `tensordict_utils.chunk_tensordict` and the
+  results concatenated with `tensordict_utils.concat_tensordict` (jagged tensors and per-row objects included);
+- `grpo_vectorized` / `rloo_vectorized` (`algorithm.adv_estimator`) compute the same advantages as `grpo` /
+  `rloo` with scatter-adds over group ids; `rloo_vectorized` gives a prompt with a single response advantage 0.
+
 The list is kept as data in `tests/compat/verl_v0_7_surface.json`; `tests/compat/test_surface_inventory.py`
 imports every module, resolves every name and compares every signature against it.
 """
