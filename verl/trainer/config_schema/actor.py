@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, NO_MEGATRON, NO_ULYSSES, STRATEGIES,
+from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, NO_ULYSSES, STRATEGIES,
                                                CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig,
-                                               RefFSDPConfig, fsdp_strategy_ok)
+                                               RefFSDPConfig)
 from verl.trainer.config_schema.places import LOSS, MAIN, MODEL, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-NO_MEGATRON_STRATEGY = "the Megatron workers are not available yet; use fsdp or fsdp2 (both run FSDP2 here)"
+NO_MEGATRON_STRATEGY = "a Megatron reward model is not available; use fsdp or fsdp2 (both run FSDP2 here)"
 ROLLOUT_N = "actor_rollout_ref.rollout.n"
 
 
@@ -65,7 +65,7 @@ class ActorConfig(Section):
     """``actor_rollout_ref.actor``: the PPO update of the policy."""
 
     strategy: str = key("fsdp", "training engine: fsdp | fsdp2 (both FSDP2 here) | megatron", choices=STRATEGIES,
-                        ok=fsdp_strategy_ok, unsupported=NO_MEGATRON_STRATEGY)
+                        read_in=(WORKERS, MAIN))
     ppo_mini_batch_size: int = key(256, "prompts per optimizer step (x rollout.n responses)", ge=1,
                                    read_in=(WORKERS,))
     ppo_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch (divided by the ranks)", ge=1,
@@ -126,7 +126,7 @@ class RefConfig(Section):
     """``actor_rollout_ref.ref``: the frozen reference policy (log-probs only)."""
 
     strategy: str = key("fsdp", "engine of the reference", follows="actor_rollout_ref.actor.strategy",
-                        choices=STRATEGIES, ok=fsdp_strategy_ok, unsupported=NO_MEGATRON_STRATEGY)
+                        choices=STRATEGIES, read_in=(WORKERS,))
     rollout_n: int = key(1, "samples per prompt", ge=1, follows=ROLLOUT_N,
                          unsupported="the reference reads actor_rollout_ref.rollout.n; set that instead")
     use_torch_compile: bool = key(True, "torch.compile the log-prob path",
@@ -145,5 +145,5 @@ class RefConfig(Section):
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
-    megatron: Any = key(None, "Megatron sizes of the reference", follows="actor_rollout_ref.actor.megatron",
-                        unsupported=NO_MEGATRON, optional=True)
+    megatron: Any = key(None, "Megatron sizes of the reference (same as the actor's)",
+                        follows="actor_rollout_ref.actor.megatron", read_in=(WORKERS,), optional=True)

@@ -49,8 +49,7 @@ class CriticConfig(Section):
     """``critic``: enabled when algorithm.adv_estimator=gae, or by critic.enable."""
 
     enable: Optional[bool] = key(None, "null: a critic exactly when adv_estimator=gae", read_in=(SCHEMA, TRAINER))
-    strategy: str = key("fsdp", "training engine", choices=STRATEGIES, ok=fsdp_strategy_ok,
-                        unsupported=NO_MEGATRON_STRATEGY)
+    strategy: str = key("fsdp", "training engine", choices=STRATEGIES, read_in=(WORKERS,))
     rollout_n: int = key(1, "responses per prompt", ge=1, follows=ROLLOUT_N, read_in=(WORKERS,))
     ppo_mini_batch_size: int = key(256, "prompts per optimizer step", ge=1,
                                    follows="actor_rollout_ref.actor.ppo_mini_batch_size", read_in=(WORKERS,))
@@ -79,7 +78,7 @@ class CriticConfig(Section):
     optim: CriticOptimConfig = section(CriticOptimConfig)
     model: CriticModelConfig = section(CriticModelConfig)
     megatron: Any = key(None, "Megatron sizes of the critic", follows="actor_rollout_ref.actor.megatron",
-                        unsupported=NO_MEGATRON, optional=True)
+                        read_in=(WORKERS,), optional=True)
 
 
 @dataclass(frozen=True)
@@ -146,8 +145,8 @@ class RewardModelConfig(Section):
     enable_resource_pool: bool = key(False, "the RM gets its own pool of n_gpus_per_node x nnodes", read_in=(MAIN,))
     n_gpus_per_node: int = key(8, "devices (CPU: processes) per node of the RM pool", ge=1, read_in=(MAIN,))
     nnodes: int = key(0, "nodes of the RM pool", ge=0, read_in=(MAIN,))
-    strategy: str = key("fsdp", "engine of the RM", choices=STRATEGIES, ok=fsdp_strategy_ok,
-                        unsupported=NO_MEGATRON_STRATEGY)
+    strategy: str = key("fsdp", "engine of the RM (megatron: accepted while reward_model.enable=false)",
+                        choices=STRATEGIES, read_in=(MAIN,))
     micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
     micro_batch_size_per_gpu: Optional[int] = key(None, "sequences per RM forward on one device/process", ge=1,
                                                   read_in=(WORKERS,))

@@ -17,7 +17,10 @@ STRATEGIES = ("fsdp", "fsdp2", "megatron")
 NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
 NO_COMPILE = "torch.compile is not applied here (the model runs eagerly); remove the override (verl's default is true)"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
-NO_MEGATRON = "the Megatron workers are not available yet; use strategy=fsdp or fsdp2 (megatron.* applies to megatron only)"
+NO_MEGATRON = "megatron.* applies to strategy=megatron only"
+NO_MEGATRON_VPP = "interleaved pipeline stages are not available in the Megatron engine; leave null"
+NO_MEGATRON_CP = "context parallelism needs Transformer Engine attention (CUDA); use 1"
+NO_MEGATRON_EP = "the supported architectures (Qwen2, Llama) have no experts; use 1"
 HOST_ALREADY = "no effect (parameters already live in host memory)"
 
 
@@ -134,17 +137,21 @@ class CheckpointConfig(Section):
 
 @dataclass(frozen=True)
 class MegatronConfig(Section):
-    """``*.megatron`` (ppo_megatron_trainer.yaml): parallel sizes of the Megatron engine."""
+    """``*.megatron`` (ppo_megatron_trainer.yaml): parallel sizes of the Megatron engine (strategy=megatron)."""
 
-    tensor_model_parallel_size: int = key(1, "tensor parallel size", ge=1, unsupported=NO_MEGATRON)
-    pipeline_model_parallel_size: int = key(1, "pipeline parallel size", ge=1, unsupported=NO_MEGATRON)
+    tensor_model_parallel_size: int = key(1, "tensor parallel size (must divide the attention and key/value heads)",
+                                          ge=1, read_in=(WORKERS,))
+    pipeline_model_parallel_size: int = key(1, "pipeline parallel size (must divide the layers)", ge=1,
+                                            read_in=(WORKERS,))
     virtual_pipeline_model_parallel_size: Optional[int] = key(None, "interleaved pipeline stages", ge=1,
-                                                              unsupported=NO_MEGATRON)
-    context_parallel_size: int = key(1, "context parallel size", ge=1, unsupported=NO_MEGATRON)
-    expert_model_parallel_size: int = key(1, "expert parallel size", ge=1, unsupported=NO_MEGATRON)
-    sequence_parallel: bool = key(True, "Megatron sequence parallel", unsupported=NO_MEGATRON)
-    use_distributed_optimizer: bool = key(True, "shard the optimizer state", unsupported=NO_MEGATRON)
-    param_offload: bool = key(False, "offload parameters", unsupported=NO_MEGATRON)
-    grad_offload: bool = key(False, "offload gradients", unsupported=NO_MEGATRON)
-    optimizer_offload: bool = key(False, "offload optimizer state", unsupported=NO_MEGATRON)
-    seed: int = key(42, "Megatron seed", ge=0, unsupported=NO_MEGATRON)
+                                                              unsupported=NO_MEGATRON_VPP)
+    context_parallel_size: int = key(1, "context parallel size", ge=1, unsupported=NO_MEGATRON_CP)
+    expert_model_parallel_size: int = key(1, "expert parallel size", ge=1, unsupported=NO_MEGATRON_EP)
+    sequence_parallel: bool = key(True, "Megatron sequence parallel (off when tensor_model_parallel_size=1)",
+                                  read_in=(WORKERS,))
+    use_distributed_optimizer: bool = key(True, "shard the optimizer state over the data-parallel ranks",
+                                          read_in=(WORKERS,))
+    param_offload: bool = key(False, "offload parameters", read_in=(WORKERS,), cpu=HOST_ALREADY)
+    grad_offload: bool = key(False, "offload gradients", read_in=(WORKERS,), cpu=HOST_ALREADY)
+    optimizer_offload: bool = key(False, "offload optimizer state", read_in=(WORKERS,), cpu=HOST_ALREADY)
+    seed: int = key(42, "Megatron seed", ge=0, read_in=(WORKERS,))

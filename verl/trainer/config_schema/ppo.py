@@ -159,7 +159,7 @@ class AlgorithmConfig(Section):
     """``algorithm``: advantage estimator and KL."""
 
     gamma: float = key(1.0, "discount factor", ge=0, le=1, read_in=(ADV,))
-    lam: float = key(1.0, "GAE lambda", ge=0, le=1, read_in=(ADV,))
+    lam: float = key(1.0, "GAE lambda", ge=0, le=1, read_in=(TRAINER,))
     adv_estimator: str = key("gae", "advantage estimator (a registered name)", read_in=(TRAINER, ADV))
     norm_adv_by_std_in_grpo: bool = key(True, "divide GRPO advantages by the group std (false: Dr.GRPO)",
                                         read_in=(TRAINER, ADV))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Union
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from verl.utils.config import ConfigError, suggest_keys, unresolved_value
+from verl.utils.config import ConfigError, suggest_keys
 
 __all__ = ["KeySpec", "Section", "key", "section", "specs", "check_value", "check_config", "build", "expectation",
            "choices_message", "NOT_VERIFIED"]
@@ -213,12 +213,6 @@ def check_value(spec: KeySpec, value: Any, choices: Optional[tuple] = None) -> N
                 raise ConfigError(choices_message(spec.path, item, spec.items))
 
 
-def _user_set(cfg: DictConfig, path: str, spec: KeySpec) -> bool:
-    """False while a key still holds its yaml interpolation (it follows another key)."""
-    raw = unresolved_value(cfg, path)
-    return not (isinstance(raw, str) and raw.startswith("${"))
-
-
 def accepted(spec: KeySpec, value: Any, user_set: bool = True) -> bool:
     """Whether a rejected-unless-default key may hold ``value``."""
     if not user_set or value == spec.default:
@@ -236,24 +230,46 @@ def _plain(value: Any) -> Any:
 
 
 def _leaf_paths(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of ``cfg`` (sections and leaves), without resolving interpolations."""
+    raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    return _paths(raw, prefix)
+
+
+def _paths(node: dict, prefix: str = "") -> list[str]:
     out = []
-    for k in cfg.keys():
-        node = cfg._get_node(k)
+    for k, v in node.items():
         path = f"{prefix}{k}"
         out.append(path)
-        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none() and len(node) > 0:
-            out.extend(_leaf_paths(node, path + "."))
+        if isinstance(v, dict) and v:
+            out.extend(_paths(v, path + "."))
     return out
 
 
+_ABSENT = object()
+
+
+def _lookup(tree: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
+        tree = tree[part]
+    return tree
+
+
 def check_config(cfg: DictConfig, schema: type, *, skip: Callable[[str], bool] = lambda p: False,
-                 choices: Optional[dict] = None, warn: Callable[[str], None] = print) -> None:
+                 choices: Optional[dict] = None, warn: Callable[[str], None] = print,
+                 resolved: Optional[dict] = None) -> None:
     """Check every key of ``cfg`` against ``schema``: unknown keys (a close match is an error with "did you mean",
-    others a warning), types, ranges and choices, and keys that are accepted only at their default."""
+    others a warning), types, ranges and choices, and keys that are accepted only at their default.
+
+    ``resolved``: ``cfg`` already converted with interpolations resolved (resolving is the slow part)."""
     table = specs(schema)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    if resolved is None:
+        resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     sections = {p.rsplit(".", i)[0] for p in table for i in range(1, p.count(".") + 1)}
     free = [p for p, s in table.items() if s.free_form]
-    for path in _leaf_paths(cfg):
+    for path in _paths(raw):
         if path in table or path in sections or path.startswith("hydra") or skip(path):
             continue
         if any(path.startswith(f + ".") for f in free):
@@ -265,15 +281,13 @@ def check_config(cfg: DictConfig, schema: type, *, skip: Callable[[str], bool] =
     for path, spec in table.items():
         if skip(path):
             continue
-        parent, _, leaf = path.rpartition(".")
-        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
-        if not isinstance(node, DictConfig) or leaf not in node:
-            continue  # absent: the default applies
-        if OmegaConf.is_missing(node, leaf):
-            continue  # mandatory '???' keys are checked by the entry point with its own message
-        value = _plain(OmegaConf.select(cfg, path))
+        written = _lookup(raw, path)
+        if written is _ABSENT or written == "???":
+            continue  # absent: the default applies; mandatory '???' keys are checked by the entry point
+        value = _lookup(resolved, path)
         check_value(spec, value, (choices or {}).get(path))
-        if spec.unsupported is not None and not accepted(spec, value, _user_set(cfg, path, spec)):
+        follows = isinstance(written, str) and written.startswith("${")
+        if spec.unsupported is not None and not accepted(spec, value, user_set=not follows):
             raise ConfigError(f"{path}={value!r} is not supported: {spec.unsupported}")
 
 

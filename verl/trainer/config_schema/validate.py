@@ -325,12 +325,12 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             config.trainer.logger = [logger]
 
     try:
-        OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
+        resolved = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
     except Exception as e:  # a broken interpolation such as ${trainer.nonexistent}
         raise ConfigError(f"config interpolation failed: {e}") from None
 
     _check_megatron(config)
-    check_config(config, PPOTrainerConfig, choices=_registry_choices())
+    check_config(config, PPOTrainerConfig, choices=_registry_choices(), resolved=resolved)
     try:
         device = resolve_device(_get(config, "trainer.device", "auto"))
     except ValueError as e:
@@ -397,7 +397,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
         _check_py_file("custom_reward_function.path", _get(config, "custom_reward_function.path"))
         _check_py_file("data.custom_cls.path", _get(config, "data.custom_cls.path"))
 
-    typed = typed_ppo_config(config)
+    typed = build(PPOTrainerConfig, resolved)
     return PPOPlan(
         device=device,
         n_gpus=n_gpus,

@@ -1,6 +1,8 @@
 """Checks of ``sft_trainer.yaml`` values that can fail before any model is loaded.
 
-Everything here raises :class:`verl.utils.config.ConfigError` with the key and a value that would work.
+Every key is checked against the schema (:mod:`verl.trainer.config_schema.sft`: types, ranges, choices, keys
+accepted only at their default), then the batch arithmetic and the input files. Everything here raises
+:class:`verl.utils.config.ConfigError` with the key and a value that would work.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from verl.trainer.config_schema.sft import SFTTrainerConfig
+from verl.trainer.config_schema.spec import build, check_config, check_value, specs
 from verl.utils.config import ConfigError
 
-__all__ = ["SFTPlan", "validate_sft_config", "as_list"]
+__all__ = ["SFTPlan", "validate_sft_config", "typed_sft_config", "as_list"]
+
+_LAUNCHER_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,7 @@ class SFTPlan:
     grad_accum_steps: int
     train_files: list
     val_files: list  # empty: no validation
+    config: SFTTrainerConfig = None  # the whole config, typed and frozen
 
 
 def as_list(value) -> list:
@@ -52,38 +59,34 @@ def _check_files(files: list, key: str) -> list:
     return out
 
 
-def _check_choice(config: DictConfig, key: str, choices) -> None:
-    value = OmegaConf.select(config, key)
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, choices))}")
+def typed_sft_config(config: DictConfig) -> SFTTrainerConfig:
+    """The (validated) SFT config as frozen typed objects."""
+    return build(SFTTrainerConfig, config)
+
+
+def _check_launcher_keys(config: DictConfig, world_size: int) -> None:
+    """trainer.nnodes / n_gpus_per_node: the launcher sets the world size; a non-default pair must agree with it."""
+    table = specs(SFTTrainerConfig)
+    values = {k: OmegaConf.select(config, k) for k in _LAUNCHER_KEYS}
+    for k, v in values.items():
+        check_value(table[k], v)
+    if all(v == table[k].default for k, v in values.items()):
+        return
+    nnodes, per_node = values["trainer.nnodes"], values["trainer.n_gpus_per_node"]
+    if nnodes * per_node != world_size:
+        bad = "trainer.n_gpus_per_node" if per_node != table["trainer.n_gpus_per_node"].default else "trainer.nnodes"
+        raise ConfigError(f"{bad}={values[bad]} disagrees with the launcher: trainer.nnodes * trainer.n_gpus_per_node = "
+                          f"{nnodes} * {per_node} != {world_size} processes (WORLD_SIZE); the world size comes from "
+                          "torchrun --nnodes/--nproc_per_node, so match it or leave both keys at their defaults")
 
 
 def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFTPlan:
-    """Check keys we cannot honour, batch arithmetic and input files; return the derived :class:`SFTPlan`."""
-    data, model, trainer = config.data, config.model, config.trainer
-
-    if int(config.get("ulysses_sequence_parallel_size", 1)) != 1:
-        raise ConfigError(
-            "ulysses_sequence_parallel_size > 1 is not supported by this SFT trainer; set ulysses_sequence_parallel_size=1"
-        )
-    if model.get("use_liger", False):
-        raise ConfigError("model.use_liger=True needs the liger-kernel GPU kernels, not available here; set model.use_liger=False")
-    _check_choice(config, "model.strategy", ("fsdp", "fsdp2"))
-    _check_choice(config, "data.truncation", ("error", "left", "right"))
-    _check_choice(config, "optim.lr_scheduler", ("cosine", "constant"))
-    _check_choice(config, "trainer.resume_mode", ("auto", "disable", "resume_path"))
-    if trainer.get("default_hdfs_dir"):
-        raise ConfigError("trainer.default_hdfs_dir: HDFS is not supported here; set it to null and use trainer.default_local_dir")
+    """Check every key against the schema, the batch arithmetic and input files; return the derived :class:`SFTPlan`."""
+    data, trainer = config.data, config.trainer
+    check_config(config, SFTTrainerConfig, skip=lambda path: path in _LAUNCHER_KEYS)
+    _check_launcher_keys(config, world_size)
     if trainer.resume_mode == "resume_path" and not trainer.get("resume_from_path"):
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir of global_step_N>")
-    if int(model.get("lora_rank", 0) or 0) < 0:
-        raise ConfigError(f"model.lora_rank={model.lora_rank} must be >= 0 (0 = full fine-tuning)")
-    for key in ("trainer.total_epochs",):
-        if int(OmegaConf.select(config, key)) < 1:
-            raise ConfigError(f"{key} must be >= 1")
-    steps = trainer.get("total_training_steps")
-    if steps is not None and int(steps) < 1:
-        raise ConfigError(f"trainer.total_training_steps={steps} must be >= 1 (or null)")
 
     global_bs = int(data.train_batch_size)
     if global_bs < 1 or global_bs % world_size != 0:
@@ -122,4 +125,5 @@ def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFT
         grad_accum_steps=per_rank // micro,
         train_files=train_files,
         val_files=val_files,
+        config=typed_sft_config(config),
     )
