@@ -18,7 +18,10 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from omegaconf import DictConfig, OmegaConf
+
+from verl.utils.device import get_device_name, max_memory_allocated_gb
 
 
 __all__ = ["read_only_config", "PPOBatchSizes", "ppo_batch_sizes", "per_device_micro_size", "log_prob_micro_size", "memory_metrics"]
@@ -106,18 +109,11 @@ def log_prob_micro_size(cfg: Any, dp_size: int, prefix: str, use_dynamic_bsz: bo
 def memory_metrics() -> dict[str, float]:
     """``perf/max_memory_allocated_gb`` (accelerator peak; on CPU: this process's peak RSS) and
     ``perf/cpu_memory_used_gb`` (host memory in use, as verl reports it)."""
-    from verl.utils.device import get_device_name, max_memory_allocated_gb
-
     if get_device_name() == "cpu":
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1024**3  # ru_maxrss is KiB on Linux
     else:
         peak = max_memory_allocated_gb()
-    try:
-        import psutil
-
-        used = psutil.virtual_memory().used / 1024**3
-    except ImportError:  # pragma: no cover
-        used = float("nan")
+    used = psutil.virtual_memory().used / 1024**3
     return {"perf/max_memory_allocated_gb": float(peak), "perf/cpu_memory_used_gb": float(used)}
 
 

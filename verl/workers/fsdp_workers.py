@@ -37,7 +37,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.device import get_device_name
-from verl.utils.model import compute_position_id_with_mask, get_generation_config
+from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config_utils import (log_prob_micro_size, memory_metrics, per_device_micro_size, ppo_batch_sizes,
                                        read_only_config)
@@ -121,8 +121,6 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------------------------ building
     def _model_path(self) -> str:
-        from verl.utils.model import check_model_dir
-
         return check_model_dir(cfg_get(self.config.model, "path"))
 
     def _build_engine(self, engine_config: EngineConfig) -> TrainEngine:

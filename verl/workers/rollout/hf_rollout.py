@@ -22,6 +22,7 @@ import logging
 from typing import Any, Iterable
 
 import torch
+from transformers import AutoModelForCausalLM
 import torch.nn as nn
 
 from verl.protocol import DataProto
@@ -71,8 +72,6 @@ class HFRollout(BaseRollout):
         if module is None:
             if model_path is None:
                 raise ValueError("HFRollout needs model_path (an HF model directory) or module")
-            from transformers import AutoModelForCausalLM
-
             module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype,
                                                           trust_remote_code=trust_remote_code)
         else:

@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.nn as nn
 
+from verl.utils.fsdp_utils import iter_full_state_dict
 from verl.workers.rollout.base import BaseRollout
 
 from .base import BaseShardingManager
@@ -55,14 +56,6 @@ def _fallback_full_state_iter(module: nn.Module) -> Iterator[tuple[str, torch.Te
     """One full tensor per state-dict entry (DTensor shards gathered one at a time)."""
     for name, tensor in module.state_dict().items():
         yield name, _full(tensor).detach()
-
-
-def _engine_full_state_iter() -> Callable | None:
-    try:
-        from verl.utils import fsdp_utils
-    except ImportError:
-        return None
-    return getattr(fsdp_utils, "iter_full_state_dict", None)
 
 
 def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], scaling: dict[str, float] | float) -> Iterator[
@@ -111,15 +104,7 @@ def _lora_scaling(module: nn.Module) -> dict[str, float] | None:
 
 def iter_hf_named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream the module's full weights under HF names (LoRA merged), one tensor at a time."""
-    engine_iter = _engine_full_state_iter()
-    if engine_iter is not None:  # verl.utils.fsdp_utils: HF names, LoRA already merged
-        stream = engine_iter(module)
-    else:
-        stream = _fallback_full_state_iter(module)
-        scaling = _lora_scaling(module)
-        if scaling is not None:
-            stream = merge_lora_stream(stream, scaling)
-    for name, tensor in stream:
+    for name, tensor in iter_full_state_dict(module):  # HF names, LoRA already merged
         if name.endswith("rotary_emb.inv_freq"):
             continue
         yield name, tensor

@@ -28,10 +28,13 @@ import time
 from typing import Any, Iterable, Iterator
 
 import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.utils.device import get_device_name
-from verl.utils.vllm_utils import quiet_rotary_reload_warning
+from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
+                                   quiet_rotary_reload_warning, shutdown_llm)
 
 from ..base import BaseRollout
 from ..utils import cfg_get, eos_id_list, resolve_torch_dtype, sampling_params_for
@@ -54,13 +57,8 @@ def _to_dict(node: Any) -> dict:
         return {}
     if isinstance(node, dict):
         return dict(node)
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(node):
-            return dict(OmegaConf.to_container(node, resolve=True))
-    except ImportError:
-        pass
+    if OmegaConf.is_config(node):
+        return dict(OmegaConf.to_container(node, resolve=True))
     return dict(node)
 
 
@@ -148,22 +146,16 @@ class vLLMRollout(BaseRollout):
 
         kv_bytes = None
         if self.on_cpu:
-            from verl.utils.vllm_utils import cpu_kv_cache_bytes
-
             kv_bytes = cpu_kv_cache_bytes(cfg_get(config, "cpu_kv_cache_space_gb", None))
-        from verl.utils.vllm_utils import guard_engine_finalizer, prepare_vllm_env
-
         prepare_vllm_env(on_cpu=self.on_cpu, num_threads=cfg_get(config, "num_threads", None),
                          kv_cache_bytes=kv_bytes)
         self.engine_dtype = resolve_torch_dtype(cfg_get(config, "dtype", "bfloat16"))
         self.engine_kwargs = build_engine_kwargs(config, self.model_path, on_cpu=self.on_cpu,
                                                  trust_remote_code=trust_remote_code, kv_cache_bytes=kv_bytes,
                                                  actor_will_push=actor_will_push)
-        import torch.distributed as dist
-
         # a default process group that exists now belongs to the worker; vLLM's teardown must not destroy it
         self._keep_default_pg = dist.is_available() and dist.is_initialized()
-        from vllm import LLM
+        from vllm import LLM  # optional heavy dependency: imported only when a vLLM rollout is built
 
         start = time.perf_counter()
         self.llm = LLM(**self.engine_kwargs)
@@ -223,7 +215,7 @@ class vLLMRollout(BaseRollout):
 
     # --------------------------------------------------------------------------------------- generation
     def _sampling_params(self, params: dict, eos_ids: list[int]):
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional heavy dependency (see __init__)
 
         kwargs = dict(n=params["n"], max_tokens=self.response_length, logprobs=0, detokenize=False,
                       ignore_eos=self.ignore_eos)
@@ -318,8 +310,6 @@ class vLLMRollout(BaseRollout):
 
     def shutdown(self) -> None:
         """Stop the engine now; a default process group that the worker created stays usable."""
-        from verl.utils.vllm_utils import shutdown_llm
-
         llm = getattr(self, "llm", None)
         if llm is None:
             return
