@@ -284,10 +284,11 @@ def check_config(cfg: DictConfig, schema: type, *, skip: Callable[[str], bool] =
         written = _lookup(raw, path)
         if written is _ABSENT or written == "???":
             continue  # absent: the default applies; mandatory '???' keys are checked by the entry point
+        if isinstance(written, str) and written.startswith("${"):
+            continue  # still follows its source key, which is checked under its own name
         value = _lookup(resolved, path)
         check_value(spec, value, (choices or {}).get(path))
-        follows = isinstance(written, str) and written.startswith("${")
-        if spec.unsupported is not None and not accepted(spec, value, user_set=not follows):
+        if spec.unsupported is not None and not accepted(spec, value):
             raise ConfigError(f"{path}={value!r} is not supported: {spec.unsupported}")
 
 
