@@ -1,0 +1,174 @@
+"""What every recipe driver needs besides its step: Ray, worker groups, logging, checkpoints, data order.
+
+A recipe subclasses :class:`RecipeDriver`, builds its worker groups with :meth:`spawn` and writes ``step()``;
+``fit()`` runs ``trainer.total_training_steps`` steps with validation every ``trainer.test_freq`` steps (and
+before the first step when ``trainer.val_before_train``), checkpoints every ``trainer.save_freq`` steps and
+resumes (``trainer.resume_mode=auto|disable|resume_path``) from the layout of the PPO trainer::
+
+    <trainer.default_local_dir>/global_step_N/<group>/      each worker group's engine checkpoint
+    <trainer.default_local_dir>/global_step_N/driver.pt     the driver's state (step, metric history)
+    <trainer.default_local_dir>/latest_checkpointed_iteration.txt
+
+Data order is a function of (seed, step): epoch ``e`` is ``randperm(n, seed + e)``, so a resumed run sees the
+same batches as an uninterrupted one without saving a dataloader.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+from verl.single_controller.ray.base import ResourcePoolManager
+from verl.trainer.main_ppo import absolutize_local_paths, ray_init_kwargs
+from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step_folder
+from verl.trainer.ppo.utils import Role
+from verl.utils.config import ConfigError
+from verl.utils.device import resolve_device
+from verl.utils.tracking import Tracking
+
+__all__ = ["RecipeDriver", "epoch_order", "batch_indices"]
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed) + epoch)).tolist()
+
+
+def batch_indices(n: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """Dataset rows of 0-based ``step`` (``batch_size`` rows; whole batches per epoch, the remainder dropped)."""
+    per_epoch = n // batch_size
+    if per_epoch == 0:
+        raise ConfigError(f"the batch ({batch_size} rows) is larger than the training set ({n} rows); lower "
+                          "data.train_batch_size")
+    epoch, k = divmod(step, per_epoch)
+    return epoch_order(n, seed, epoch)[k * batch_size:(k + 1) * batch_size]
+
+
+class RecipeDriver:
+    """Shared driver plumbing; see the module docstring. ``self.groups`` maps names to worker groups that
+    are checkpointed (each must offer ``save_checkpoint`` / ``load_checkpoint``)."""
+
+    def __init__(self, config: DictConfig):
+        self.config = config
+        self.global_steps = 0
+        self.groups: dict[str, RayWorkerGroup] = {}
+        self.metric_history: list[dict] = []
+        self.logger = None
+        try:
+            self.device = resolve_device(config.trainer.get("device", "auto"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        os.environ["VERL_DEVICE"] = self.device
+        self.total_steps = int(config.trainer.total_training_steps or 0)
+        if self.total_steps <= 0:
+            raise ConfigError(f"trainer.total_training_steps={config.trainer.total_training_steps}: set a number "
+                              "of steps > 0")
+
+    # ------------------------------------------------------------------ setup
+    def start_ray(self) -> None:
+        absolutize_local_paths(self.config)
+        if not ray.is_initialized():
+            ray.init(**ray_init_kwargs(self.config, None))
+
+    def spawn(self, name: str, worker_cls, **init_kwargs) -> RayWorkerGroup:
+        """One worker group of ``trainer.n_gpus_per_node`` x ``trainer.nnodes`` processes running ``worker_cls``."""
+        per_node, nnodes = int(self.config.trainer.n_gpus_per_node), int(self.config.trainer.nnodes)
+        manager = ResourcePoolManager(resource_pool_spec={f"{name}_pool": [per_node] * nnodes},
+                                      mapping={Role.ActorRollout: f"{name}_pool"})
+        manager.create_resource_pool()
+        pool = manager.get_resource_pool(Role.ActorRollout)
+        group = RayWorkerGroup(resource_pool=pool,
+                               ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(worker_cls), **init_kwargs))
+        group.init_model()
+        self.groups[name] = group
+        return group
+
+    # ------------------------------------------------------------------ hooks
+    def step(self) -> dict:
+        raise NotImplementedError
+
+    def validate(self) -> dict:
+        return {}
+
+    def finish(self) -> None:
+        """After the last step (a recipe writes its final artefacts here)."""
+
+    # ------------------------------------------------------------------ loop
+    def _due(self, freq, last: bool) -> bool:
+        freq = int(freq or -1)
+        return last or (freq > 0 and self.global_steps % freq == 0)
+
+    def fit(self) -> dict:
+        tr = self.config.trainer
+        self.logger = Tracking(tr.project_name, tr.experiment_name, default_backend=list(tr.logger),
+                               config=OmegaConf.to_container(self.config, resolve=True))
+        self.load_checkpoint()
+        last = {}
+        if self.global_steps == 0 and bool(tr.get("val_before_train", True)):
+            val = self.validate()
+            if val:
+                self.logger.log(val, step=0)
+                self.metric_history.append({"step": 0, **val})
+        while self.global_steps < self.total_steps:
+            metrics = self.step()
+            self.global_steps += 1
+            is_last = self.global_steps >= self.total_steps
+            if self._due(tr.get("test_freq", -1), is_last):
+                metrics.update(self.validate())
+            self.logger.log(metrics, step=self.global_steps)
+            self.metric_history.append({"step": self.global_steps, **metrics})
+            if self._due(tr.get("save_freq", -1), False) or (is_last and int(tr.get("save_freq", -1) or -1) > 0):
+                self.save_checkpoint()
+            last = metrics
+        self.finish()
+        self.logger.finish()
+        return last
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_root(self) -> str:
+        return os.path.abspath(os.path.expanduser(str(self.config.trainer.default_local_dir)))
+
+    def save_checkpoint(self) -> str:
+        folder = step_folder(self.checkpoint_root(), self.global_steps)
+        for name, group in self.groups.items():
+            group.save_checkpoint(os.path.join(folder, name), None, self.global_steps)
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"global_steps": self.global_steps, "metric_history": self.metric_history},
+                   os.path.join(folder, "driver.pt"))
+        mark_latest(self.checkpoint_root(), self.global_steps)  # last: a crash leaves the previous step latest
+        print(f"saved checkpoint {folder}", flush=True)
+        return folder
+
+    def load_checkpoint(self) -> int:
+        mode = self.config.trainer.get("resume_mode", "auto")
+        if mode == "disable":
+            return 0
+        if mode == "auto":
+            folder = find_latest_ckpt_path(self.checkpoint_root())
+            if folder is None:
+                return 0
+        elif mode == "resume_path":
+            folder = os.path.abspath(os.path.expanduser(str(self.config.trainer.resume_from_path)))
+        else:
+            raise ConfigError(f"trainer.resume_mode={mode!r} is not one of: auto, disable, resume_path")
+        state_path = os.path.join(folder, "driver.pt")
+        if not os.path.exists(state_path):
+            raise ConfigError(f"{folder} has no driver.pt: not a checkpoint of this recipe (trainer.resume_from_path)")
+        for name, group in self.groups.items():
+            group.load_checkpoint(os.path.join(folder, name))
+        state = torch.load(state_path, weights_only=False)
+        self.global_steps = int(state["global_steps"])
+        self.metric_history = list(state.get("metric_history", []))
+        print(f"resumed from {folder} (step {self.global_steps})", flush=True)
+        return self.global_steps
+
+
+def quiet_searchpath_warning() -> None:
+    """Recipe configs find ``ppo_trainer.yaml`` through ``pkg://verl.trainer.config``; Hydra's availability
+    probe wrongly reports that folder (a data directory, not a package) as missing although it loads it."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*path=verl\.trainer\.config is not available.*")
