@@ -121,3 +121,12 @@ def test_raw_colocated_class_hosts_every_role_in_one_object():
     assert fused.a.peer_offset("b") == 10  # roles see each other through fused_worker_dict
     with pytest.raises(ValueError, match="no role 'c'"):
         fused._fuw_execute("c", "add", 1)
+
+
+def test_a_same_named_class_from_another_module_does_not_silently_replace_a_manager():
+    naive = reward_manager.get_reward_manager_cls("naive")
+    impostor = type(naive.__name__, (reward_manager.AbstractRewardManager,), {"__module__": "my_project.rewards"})
+    impostor.__qualname__ = naive.__qualname__
+    with pytest.raises(ValueError, match="already registered"):
+        reward_manager.register("naive")(impostor)
+    assert reward_manager.get_reward_manager_cls("naive") is naive

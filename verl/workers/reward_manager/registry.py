@@ -17,7 +17,10 @@ def register(name: str) -> Callable[[type], type]:
 
     def decorator(cls: type) -> type:
         existing = REWARD_MANAGER_REGISTRY.get(name)
-        if existing is not None and existing is not cls and existing.__qualname__ != cls.__qualname__:
+        # the same class re-registered (also after a module reload: same module and name) is a no-op
+        reloaded = existing is not None and (existing.__module__, existing.__qualname__) == (cls.__module__,
+                                                                                         cls.__qualname__)
+        if existing is not None and existing is not cls and not reloaded:
             raise ValueError(f"reward manager {name!r} is already registered to {existing.__module__}."
                              f"{existing.__qualname__}; pick another name for {cls.__module__}.{cls.__qualname__}")
         REWARD_MANAGER_REGISTRY[name] = cls
