@@ -12,7 +12,6 @@ from verl.trainer.config_schema.places import LOSS, MAIN, MODEL, TRAINER, WORKER
 from verl.trainer.config_schema.spec import Section, key, section
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-NO_MEGATRON_STRATEGY = "a Megatron reward model is not available; use fsdp or fsdp2 (both run FSDP2 here)"
 ROLLOUT_N = "actor_rollout_ref.rollout.n"
 
 
@@ -145,5 +144,4 @@ class RefConfig(Section):
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
-    megatron: Any = key(None, "Megatron sizes of the reference (same as the actor's)",
-                        follows="actor_rollout_ref.actor.megatron", read_in=(WORKERS,), optional=True)
+    megatron: MegatronConfig = section(MegatronConfig, optional=True)  # follows actor.megatron in the yaml

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from verl.trainer.config_schema.actor import LOSS_AGG_MODES, NO_MEGATRON_STRATEGY, ROLLOUT_N
-from verl.trainer.config_schema.engine import (DTYPES, NO_MEGATRON, NO_ULYSSES, STRATEGIES, CheckpointConfig,
-                                               CriticOptimConfig, FSDPConfig, fsdp_strategy_ok)
+from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N
+from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
+                                               FSDPConfig, MegatronConfig)
 from verl.trainer.config_schema.places import MAIN, MODEL, REWARD, SCHEMA, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
@@ -77,8 +77,7 @@ class CriticConfig(Section):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     optim: CriticOptimConfig = section(CriticOptimConfig)
     model: CriticModelConfig = section(CriticModelConfig)
-    megatron: Any = key(None, "Megatron sizes of the critic", follows="actor_rollout_ref.actor.megatron",
-                        read_in=(WORKERS,), optional=True)
+    megatron: MegatronConfig = section(MegatronConfig, optional=True)  # follows actor.megatron in the yaml
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ STRATEGIES = ("fsdp", "fsdp2", "megatron")
 NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
 NO_COMPILE = "torch.compile is not applied here (the model runs eagerly); remove the override (verl's default is true)"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
-NO_MEGATRON = "megatron.* applies to strategy=megatron only"
 NO_MEGATRON_VPP = "interleaved pipeline stages are not available in the Megatron engine; leave null"
 NO_MEGATRON_CP = "context parallelism needs Transformer Engine attention (CUDA); use 1"
 NO_MEGATRON_EP = "the supported architectures (Qwen2, Llama) have no experts; use 1"

@@ -216,10 +216,14 @@ def _check_grad_clip(config: DictConfig) -> None:
                               f"{prefix}.grad_clip=null")
 
 
-def _check_megatron(config: DictConfig) -> None:
-    for key in STRATEGY_KEYS:
-        if _get(config, key) == "megatron":
-            raise ConfigError(f"{key}=megatron is not available yet; use fsdp or fsdp2")
+def _check_megatron(config: DictConfig, check_files: bool = True) -> None:
+    """strategy=megatron: parallel sizes, architecture, megatron keys with other strategies (see
+    ``verl.utils.megatron.config_check``)."""
+    if any(_get(config, key) == "megatron" for key in STRATEGY_KEYS) or any(
+            OmegaConf.select(config, f"{p}.megatron") is not None for p in ("actor_rollout_ref.actor", "critic")):
+        from verl.utils.megatron.config_check import check_megatron_config
+
+        check_megatron_config(config, check_files=check_files)
 
 
 def _check_pf_ppo(config: DictConfig) -> None:
@@ -329,7 +333,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     except Exception as e:  # a broken interpolation such as ${trainer.nonexistent}
         raise ConfigError(f"config interpolation failed: {e}") from None
 
-    _check_megatron(config)
+    _check_megatron(config, check_files)
     check_config(config, PPOTrainerConfig, choices=_registry_choices(), resolved=resolved)
     try:
         device = resolve_device(_get(config, "trainer.device", "auto"))

@@ -1,0 +1,97 @@
+"""Checks of a PPO config that selects the Megatron engine, run by the config validator before any worker
+starts; every failure is a ``ConfigError`` naming the key and what would work."""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import OmegaConf
+
+from verl.utils.config import ConfigError
+
+__all__ = ["check_megatron_config", "MEGATRON_DEFAULTS"]
+
+AR = "actor_rollout_ref"
+MEGATRON_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                     "virtual_pipeline_model_parallel_size": None, "context_parallel_size": 1,
+                     "expert_model_parallel_size": 1}
+
+
+def _get(config, key, default=None):
+    value = OmegaConf.select(config, key, default=default)
+    return default if value is None else value
+
+
+def _plain(node) -> dict:
+    if node is None:
+        return {}
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+
+
+def _sizes(meg: dict) -> tuple[int, int]:
+    return int(meg.get("tensor_model_parallel_size") or 1), int(meg.get("pipeline_model_parallel_size") or 1)
+
+
+def _hf_config(path: str, trust: bool):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust)
+
+
+def check_megatron_config(config, check_files: bool = True) -> None:
+    """Megatron keys only with strategy=megatron; sizes that divide the processes, heads and layers; a
+    supported architecture; one parallel grid per worker group; no LoRA / Megatron reward model."""
+    roles = [(f"{AR}.actor", f"{AR}.model.path"), (f"{AR}.ref", f"{AR}.model.path"), ("critic", "critic.model.path")]
+    actor_megatron = _get(config, f"{AR}.actor.strategy") == "megatron"
+    n_procs = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
+    for prefix, path_key in roles:
+        strategy = _get(config, f"{prefix}.strategy")
+        meg = _plain(OmegaConf.select(config, f"{prefix}.megatron"))
+        if strategy != "megatron":
+            for k, default in MEGATRON_DEFAULTS.items():
+                if k in meg and meg[k] != default:
+                    raise ConfigError(f"{prefix}.megatron.{k}={meg[k]!r} applies to strategy=megatron only, but "
+                                      f"{prefix}.strategy={strategy!r}; set {prefix}.strategy=megatron or remove "
+                                      "the megatron keys")
+            continue
+        if prefix == "critic" and not _critic_used(config):
+            continue
+        if prefix == f"{AR}.ref" and not _ref_used(config):
+            continue
+        if not actor_megatron:
+            raise ConfigError(f"{prefix}.strategy=megatron needs {AR}.actor.strategy=megatron too (the worker "
+                              "classes follow the actor's strategy); use the same strategy for both")
+        if int(_get(config, f"{AR}.model.lora_rank", 0) or 0) > 0 and prefix != "critic":
+            raise ConfigError(f"{AR}.model.lora_rank > 0 is not available with strategy=megatron; use fsdp for LoRA")
+        tp, pp = _sizes(meg)
+        if n_procs % (tp * pp):
+            raise ConfigError(f"{prefix}.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = "
+                              f"{tp} * {pp} must divide trainer.n_gpus_per_node * trainer.nnodes = {n_procs}")
+        path = _get(config, path_key)
+        if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
+            # megatron-core is heavy: imported only when a config selects it
+            from verl.workers.engine.megatron import check_megatron_settings
+
+            trust = bool(_get(config, f"{AR}.model.trust_remote_code", False))
+            try:
+                check_megatron_settings(meg, _hf_config(str(path), trust), f"{prefix}.megatron")
+            except ValueError as e:
+                raise ConfigError(f"{e} (model {path_key}={path})") from None
+    if actor_megatron and _ref_used(config) and _get(config, f"{AR}.ref.strategy") == "megatron":
+        a, r = _sizes(_plain(OmegaConf.select(config, f"{AR}.actor.megatron"))), \
+            _sizes(_plain(OmegaConf.select(config, f"{AR}.ref.megatron")))
+        if a != r:
+            raise ConfigError(f"{AR}.ref.megatron (tp, pp) = {r} differs from {AR}.actor.megatron {a}: the reference "
+                              "shares the actor's processes; use the same sizes")
+    if _get(config, "reward_model.enable", False) and _get(config, "reward_model.strategy") == "megatron":
+        raise ConfigError("reward_model.strategy=megatron is not available (sequence-classification heads); set "
+                          "reward_model.strategy=fsdp")
+
+
+def _critic_used(config) -> bool:
+    enable = _get(config, "critic.enable")
+    return bool(enable) if enable is not None else _get(config, "algorithm.adv_estimator") == "gae"
+
+
+def _ref_used(config) -> bool:
+    return bool(_get(config, "algorithm.use_kl_in_reward", False) or _get(config, f"{AR}.actor.use_kl_loss", False))
