@@ -76,6 +76,30 @@ def test_schema_and_yaml_have_the_same_keys_and_defaults(shipped):
     assert problems == []
 
 
+def _yaml_key_lines(text: str):
+    """(dotted key, line) for every key line of a yaml file, from its indentation."""
+    stack = []
+    for line in text.splitlines():
+        m = re.match(r"^(\s*)([A-Za-z_]\w*):", line)
+        if not m:
+            continue
+        while stack and stack[-1][0] >= len(m.group(1)):
+            stack.pop()
+        stack.append((len(m.group(1)), m.group(2)))
+        yield ".".join(k for _, k in stack), line
+
+
+@pytest.mark.parametrize("name", ["ppo_trainer", "sft_trainer"])
+def test_yaml_marks_exactly_the_default_only_keys(name):
+    schema = next(y.schema for y in SHIPPED if y.name == name)
+    table = specs(schema)
+    text = (Path(CONFIG_DIR) / f"{name}.yaml").read_text()
+    wrong = [f"{path}: marked {'[default only]' in line}, schema honoured={table[path].honoured}"
+             for path, line in _yaml_key_lines(text)
+             if path in table and ("[default only]" in line) == table[path].honoured]
+    assert wrong == []
+
+
 def test_choices_the_schema_copies_match_the_code():
     assert IS_LEVELS == rollout_corr.IS_LEVELS
     assert REWEIGHT_METHODS == pf_ppo.REWEIGHT_METHODS
