@@ -288,6 +288,8 @@ def check_config(cfg: DictConfig, schema: type, *, skip: Callable[[str], bool] =
             continue  # still follows its source key, which is checked under its own name
         value = _lookup(resolved, path)
         check_value(spec, value, (choices or {}).get(path))
+        if spec.follows is not None and value == _lookup(resolved, spec.follows):
+            continue  # the same value as its source key (a config resolved before validation has no ${...} left)
         if spec.unsupported is not None and not accepted(spec, value):
             raise ConfigError(f"{path}={value!r} is not supported: {spec.unsupported}")
 
