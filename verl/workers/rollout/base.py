@@ -1,6 +1,6 @@
 """The one interface every rollout engine (HF, vLLM, SGLang) implements.
 
-The worker never talks to an engine directly except through these four methods, so swapping
+The worker never talks to an engine directly except through these methods, so swapping
 ``actor_rollout_ref.rollout.name`` changes nothing else. The hybrid-engine sharding manager
 (``verl/workers/sharding_manager/fsdp_rollout.py``) drives the weight and memory side
 (``resume`` -> ``update_weights`` -> generate -> ``release_cache``); the worker drives generation.
@@ -32,6 +32,16 @@ class BaseRollout(ABC):
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full (unsharded) tensors, given one at a time under their HF parameter names."""
+
+    def generate_requests(self, requests: list) -> list:
+        """Request-level generation (token in, token out) for :class:`~.async_server.AsyncRolloutServer`.
+
+        ``requests``: :class:`~.async_server.RolloutRequest` items (prompt token ids + resolved sampling params);
+        returns one :class:`~.async_server.TokenOutput` per request, in order. Engines that cannot serve requests
+        leave this unimplemented, and ``rollout.mode=async`` then says so.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no request-level API; use actor_rollout_ref.rollout."
+                                  f"name=hf or vllm with rollout.mode=async")
 
     def release_cache(self) -> None:
         """Free generation-time memory (KV cache; GPU engines go to sleep). Default: nothing to free."""

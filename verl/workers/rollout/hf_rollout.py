@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from verl.protocol import DataProto
 
+from .async_server import TokenOutput
 from .base import BaseRollout
 from .utils import (cfg_get, eos_id_list, filter_logits_top_k_top_p, pad_right, resolve_torch_dtype,
                     response_mask_from_eos, sampling_params_for)
@@ -173,6 +174,44 @@ class HFRollout(BaseRollout):
         meta.setdefault("eos_token_id", self.eos_token_id)
         meta.setdefault("pad_token_id", pad_id)
         return DataProto.from_dict(tensors={k: v.cpu() for k, v in batch.items()}, meta_info=meta)
+
+    @torch.inference_mode()
+    def generate_requests(self, requests: list) -> list:
+        """Request-level generation: requests with the same sampling settings are left-padded into one sampling
+        loop; each row keeps its own ``max_tokens`` and stops at its first EOS (see ``async_server``)."""
+        eos_all = [] if cfg_get(self.config, "ignore_eos", False) else eos_id_list(self.eos_token_id)
+        pad_id = int(self.pad_token_id if self.pad_token_id is not None else 0)
+        groups: dict[tuple, list[int]] = {}
+        for i, req in enumerate(requests):
+            p = req.params
+            key = (p["do_sample"], p["temperature"], p["top_p"], p["top_k"], p["ignore_eos"])
+            groups.setdefault(key, []).append(i)
+        results: list = [None] * len(requests)
+        for key, members in groups.items():
+            params = dict(do_sample=key[0], temperature=key[1], top_p=key[2], top_k=key[3])
+            eos_ids = [] if key[4] else eos_all
+            width = max(len(requests[i].prompt_ids) for i in members)
+            idx = torch.full((len(members), width), pad_id, dtype=torch.long)
+            attn = torch.zeros((len(members), width), dtype=torch.long)
+            for row, i in enumerate(members):
+                ids = requests[i].prompt_ids
+                idx[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+                attn[row, width - len(ids):] = 1
+            pos = torch.clamp(torch.cumsum(attn, dim=-1) - 1, min=0)
+            max_new = max(requests[i].params["max_tokens"] for i in members)
+            toks, lps = self._sample(idx.to(self.device), attn.to(self.device), pos.to(self.device), params,
+                                     eos_ids, pad_id, max_new)
+            for row, i in enumerate(members):
+                limit = requests[i].params["max_tokens"]
+                ids, logps = toks[row, :limit].tolist(), lps[row, :limit].float().tolist()
+                stop = next((t for t, tok in enumerate(ids) if tok in eos_ids), None)
+                if stop is not None:
+                    ids, logps, reason = ids[: stop + 1], logps[: stop + 1], "stop"
+                else:
+                    reason = "length"
+                results[i] = TokenOutput(token_ids=ids, log_probs=logps, finish_reason=reason,
+                                         request_id=requests[i].request_id)
+        return results
 
     def _sample(self, idx, attn, pos, params, eos_ids, pad_id, max_new_tokens):
         """Decode up to ``max_new_tokens`` tokens for one micro-batch; returns (tokens, logprobs) (B, T<=max)."""

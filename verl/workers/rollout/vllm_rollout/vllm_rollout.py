@@ -36,6 +36,7 @@ from verl.utils.device import get_device_name
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
                                    quiet_rotary_reload_warning, shutdown_llm)
 
+from ..async_server import TokenOutput
 from ..base import BaseRollout
 from ..utils import cfg_get, eos_id_list, resolve_torch_dtype, sampling_params_for
 
@@ -244,6 +245,41 @@ class vLLMRollout(BaseRollout):
             return [next(flat[k] for k in range(starts[t], logprobs.end_indices[t]) if ids[k] == tok)
                     for t, tok in enumerate(token_ids)]
         return [position[tok].logprob for tok, position in zip(token_ids, logprobs)]
+
+    def _request_sampling_params(self, params: dict, eos_ids: list[int]):
+        from vllm import SamplingParams  # optional heavy dependency (see __init__)
+
+        kwargs = dict(n=1, max_tokens=int(params["max_tokens"]), logprobs=0, detokenize=False,
+                      ignore_eos=bool(params["ignore_eos"]))
+        if params["do_sample"]:
+            kwargs.update(temperature=params["temperature"], top_p=params["top_p"],
+                          top_k=params["top_k"] if params["top_k"] > 0 else 0)
+        else:
+            kwargs.update(temperature=0.0)
+        if eos_ids and not params["ignore_eos"]:
+            kwargs["stop_token_ids"] = eos_ids
+        try:
+            return SamplingParams(flat_logprobs=True, **kwargs)
+        except TypeError:  # older vLLM without flat logprobs
+            return SamplingParams(**kwargs)
+
+    @torch.no_grad()
+    def generate_requests(self, requests: list) -> list:
+        """Request-level generation: one engine call for all requests, each with its own sampling params
+        (vLLM schedules them together); token ids and the sampled tokens' log-probs come back per request."""
+        eos_ids = eos_id_list(self.eos_token_id)
+        outputs = self.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests],
+                                    [self._request_sampling_params(r.params, eos_ids) for r in requests],
+                                    use_tqdm=False)
+        results = []
+        for req, out in zip(requests, outputs):
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)
+            reason = "length" if sample.finish_reason == "length" else "stop"
+            results.append(TokenOutput(token_ids=ids, log_probs=[float(x) for x in
+                                                                 self._token_logprobs(ids, sample.logprobs)],
+                                       finish_reason=reason, request_id=req.request_id))
+        return results
 
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:

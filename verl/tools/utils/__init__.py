@@ -1,0 +1,1 @@
+"""Tool helpers: loading the tool config yaml (``tool_registry``)."""
