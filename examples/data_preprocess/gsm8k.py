@@ -52,7 +52,7 @@ def to_rows(records: list[dict], split: str, path: str) -> list[dict]:
 
 def _hub_records() -> dict[str, tuple[list[dict], str]]:
     """``{split: (records, "openai/gsm8k")}`` downloaded with ``datasets`` (verl's default source)."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get("HF_DATASETS_OFFLINE", "0") not in ("", "0"):
+    if any(os.environ.get(v, "0") not in ("", "0") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         raise SystemExit(
             "gsm8k.py: no local copy of GSM8K given and the hub is off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is "
             "set). Pass --local_dataset_path DIR (a folder with *train* / *test* .parquet/.jsonl/.json files) or "
@@ -87,7 +87,8 @@ def main(argv=None) -> list[str]:
     if args.input_file:
         sources = {args.split: (read_records(args.input_file), args.input_file)}
     elif args.local_dataset_path:
-        sources = {split: (read_records(path), path) for split, path in find_split_files(args.local_dataset_path).items()}
+        found = find_split_files(args.local_dataset_path)
+        sources = {split: (read_records(path), path) for split, path in found.items()}
     else:
         sources = _hub_records()
     # convert everything before writing anything, so a bad row leaves no partial output

@@ -113,8 +113,10 @@ def validate_generation_config(config: DictConfig) -> dict[str, Any]:
     for key in ("data.path", "model.path"):
         path = os.path.expanduser(str(OmegaConf.select(config, key)))
         if not os.path.exists(path):
-            hint = ("a parquet file of prompts, e.g. from examples/data_preprocess/gsm_symbolic.py" if key == "data.path"
-                    else "a local Hugging Face model directory, e.g. from examples/models/prepare_smollm2.py")
+            if key == "data.path":
+                hint = "a parquet file of prompts, e.g. from examples/data_preprocess/gsm_symbolic.py"
+            else:
+                hint = "a local Hugging Face model directory, e.g. from examples/models/prepare_smollm2.py"
             raise ConfigError(f"{key}: {path} does not exist; point it at {hint}")
     out = config.data.output_path
     if not out:
