@@ -205,6 +205,19 @@ def test_offload_and_equivalent_values_are_accepted(assets):
     assert plan.config.actor_rollout_ref.actor.rollout_n == 2
 
 
+def test_a_config_resolved_before_validation_passes_the_same_way(assets):
+    """main_ppo resolves the config (paths made absolute) and the TaskRunner validates it again: keys that
+    followed their source now hold its value literally and must still be accepted; a different value is not."""
+    cfg = ppo(assets, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+              "actor_rollout_ref.actor.use_kl_loss=true")
+    OmegaConf.resolve(cfg)
+    assert cfg.actor_rollout_ref.actor.rollout_n == 4 and cfg.actor_rollout_ref.ref.rollout_n == 4
+    assert validate_ppo_config(cfg).batch_sizes["actor"].ppo_mini_batch_size == 8
+    cfg.actor_rollout_ref.ref.rollout_n = 2
+    with pytest.raises(ConfigError, match="actor_rollout_ref.ref.rollout_n=2 is not supported"):
+        validate_ppo_config(cfg)
+
+
 # ------------------------------------------------------------------------------------- unknown keys
 
 def test_unknown_keys_get_a_did_you_mean_and_others_a_warning(assets, capsys):
