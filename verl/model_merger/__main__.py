@@ -1,4 +1,5 @@
-"""``python -m verl.model_merger {merge,test} --backend fsdp --local_dir DIR (--target_dir OUT | --test_hf_dir REF)``."""
+"""``python -m verl.model_merger {merge,test} --backend {fsdp,megatron} --local_dir DIR (--target_dir OUT |
+--test_hf_dir REF)``."""
 
 import sys
 
@@ -8,13 +9,16 @@ from verl.model_merger.base_model_merger import generate_config_from_args, parse
 def main(argv=None) -> int:
     args = parse_args(argv)
     config = generate_config_from_args(args)
-    if config.backend != "fsdp":
-        raise SystemExit(f"--backend {config.backend!r} is not supported here; use --backend fsdp")
-    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
-
     try:
-        merger = FSDPModelMerger(config)
-        merger.merge_and_save() if config.operation == "merge" else merger.test()
+        if config.backend == "megatron":
+            from verl.model_merger.megatron_model_merger import MegatronModelMerger as merger_cls
+        else:
+            from verl.model_merger.fsdp_model_merger import FSDPModelMerger as merger_cls
+        merger = merger_cls(config)
+        if config.operation == "merge":
+            merger.upload(merger.merge_and_save() or config.target_dir)
+        else:
+            merger.test()
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,74 +1,36 @@
-"""Rebuild full weights from the per-rank shard files of ``FSDPCheckpointManager`` (CPU only, no process group).
+"""Rebuild full weights from the per-rank shard files of an FSDP checkpoint (CPU only, no process group).
 
-Each rank file holds its local shard of every tensor with the DTensor placement and mesh coordinate; full
-tensors are the concatenation of the shards along the sharded dim, in mesh order (replicas of an HSDP mesh are
-read once). LoRA checkpoints (``lora_train_meta.json``) are merged: W + (lora_alpha / r) * B @ A, under the base
-model's names.
+Reads verl's layout (``torch.save(model.state_dict())`` of FSDP2 DTensors per rank) and this package's older
+wrapped files (:mod:`verl.utils.checkpoint.fsdp_layout`): full tensors are the saved pieces concatenated along
+the sharded dim in mesh order (replicas of an HSDP mesh read once). LoRA checkpoints (``lora_adapter/`` or
+``lora_train_meta.json``) are merged: W + (lora_alpha / r) * B @ A, under the base model's names.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 
 import torch
 
 from verl.model_merger.base_model_merger import BaseModelMerger
-from verl.utils.checkpoint.fsdp_checkpoint_manager import model_file
+from verl.utils.checkpoint.fsdp_layout import load_full_model_state
 from verl.utils.fsdp_utils import hf_name
-
-
-def _world_size(local_dir: str) -> int:
-    cfg = os.path.join(local_dir, "fsdp_config.json")
-    if os.path.exists(cfg):
-        with open(cfg) as f:
-            return int(json.load(f)["world_size"])
-    sizes = {int(m.group(1)) for n in os.listdir(local_dir) if (m := re.match(r"model_world_size_(\d+)_rank_\d+\.pt$", n))}
-    if len(sizes) != 1:
-        raise FileNotFoundError(f"{local_dir} holds no model_world_size_*_rank_*.pt shard files (or several world "
-                                "sizes): is it a checkpoint folder like .../global_step_N/actor with 'model' saved?")
-    return sizes.pop()
-
-
-def _merge_tensor(key: str, shards: list[tuple[list, torch.Tensor]], meta: dict) -> torch.Tensor:
-    placements = meta["placements"]
-    shard_dims = [(i, p[1]) for i, p in enumerate(placements) if p[0] == "shard"]
-    repl_dims = [i for i, p in enumerate(placements) if p[0] == "replicate"]
-    chosen = [(c, t) for c, t in shards if all(c[i] == 0 for i in repl_dims)]
-    if not shard_dims:
-        return chosen[0][1]
-    if len(shard_dims) > 1:
-        raise NotImplementedError(f"{key}: sharded over several mesh dims {placements}; not supported by the merger")
-    mesh_dim, tensor_dim = shard_dims[0]
-    chosen.sort(key=lambda ct: ct[0][mesh_dim])
-    full = torch.cat([t for _, t in chosen], dim=tensor_dim)
-    if list(full.shape) != list(meta["shape"]):
-        raise ValueError(f"{key}: merged shape {list(full.shape)} != saved global shape {meta['shape']}")
-    return full
 
 
 def load_fsdp_checkpoint(local_dir: str) -> dict[str, torch.Tensor]:
     """Full (unsharded) state dict with the names the training model had (peft names for LoRA models)."""
-    local_dir = os.path.abspath(os.path.expanduser(local_dir))
-    if not os.path.isdir(local_dir):
-        raise FileNotFoundError(f"checkpoint folder {local_dir} does not exist")
-    world = _world_size(local_dir)
-    ranks = []
-    for r in range(world):
-        path = os.path.join(local_dir, model_file(world, r))
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"missing shard file {path} (the checkpoint was saved by {world} ranks)")
-        ranks.append(torch.load(path, map_location="cpu", weights_only=False))
-    out = {}
-    for key, value in ranks[0]["state_dict"].items():
-        meta = ranks[0]["dtensor"].get(key)
-        if meta is None:
-            out[key] = value
-        else:
-            shards = [(rk["dtensor"][key]["coordinate"], rk["state_dict"][key]) for rk in ranks]
-            out[key] = _merge_tensor(key, shards, meta)
-    return out
+    return load_full_model_state(local_dir)
+
+
+def _lora_scaling(local_dir: str) -> float | None:
+    for path in (os.path.join(local_dir, "lora_adapter", "adapter_config.json"),
+                 os.path.join(local_dir, "lora_train_meta.json")):
+        if os.path.exists(path):
+            with open(path) as f:
+                meta = json.load(f)
+            return float(meta["lora_alpha"]) / float(meta["r"])
+    return None
 
 
 def merge_lora(state_dict: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
@@ -90,11 +52,12 @@ def merge_lora(state_dict: dict[str, torch.Tensor], scaling: float) -> dict[str,
 class FSDPModelMerger(BaseModelMerger):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         state = load_fsdp_checkpoint(self.local_dir)
-        lora_meta = os.path.join(self.local_dir, "lora_train_meta.json")
-        if os.path.exists(lora_meta):
-            with open(lora_meta) as f:
-                meta = json.load(f)
-            state = merge_lora(state, float(meta["lora_alpha"]) / float(meta["r"]))
+        scaling = _lora_scaling(self.local_dir)
+        if scaling is not None or any("lora_" in k for k in state):
+            if scaling is None:
+                raise ValueError(f"{self.local_dir} holds LoRA weights but neither lora_adapter/adapter_config.json "
+                                 "nor lora_train_meta.json, so lora_alpha / r is unknown")
+            state = merge_lora(state, scaling)
         return state
 
     def merge_and_save(self) -> str:

@@ -134,7 +134,7 @@ class BaseCheckpointManager:
     def get_rng_state() -> dict:
         state = {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
         if get_device_name() != "cpu":
-            state["device"] = get_torch_device().get_rng_state()
+            state[get_device_name()] = get_torch_device().get_rng_state()  # verl's key: "cuda", "npu"
         return state
 
     @staticmethod
@@ -142,5 +142,6 @@ class BaseCheckpointManager:
         torch.set_rng_state(state["cpu"])
         np.random.set_state(state["numpy"])
         random.setstate(state["random"])
-        if "device" in state and get_device_name() != "cpu":
-            get_torch_device().set_rng_state(state["device"])
+        device_state = state.get(get_device_name(), state.get("device"))  # "device": older checkpoints
+        if device_state is not None and get_device_name() != "cpu":
+            get_torch_device().set_rng_state(device_state)

@@ -2,7 +2,8 @@
 
 Layout under ``trainer.default_local_dir`` (verl's)::
 
-    global_step_N/huggingface/   config.json, generation_config.json, model.safetensors, tokenizer files
+    global_step_N/huggingface/   config.json, generation_config.json, model*.safetensors (split at
+                                 max_shard_size, with model.safetensors.index.json), tokenizer files
     latest_checkpointed_iteration.txt   "N"
 
 ``global_step_N/huggingface`` is what ``actor_rollout_ref.model.path`` (main_ppo) and
@@ -19,7 +20,10 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+from huggingface_hub import save_torch_state_dict
+from transformers import GenerationConfig
 
+from verl.utils.checkpoint.fsdp_layout import own_storage
 from verl.utils.fs import atomic_write_text
 from verl.utils.fsdp_utils import get_full_state_dict
 from verl.utils.model import unwrap_peft
@@ -39,14 +43,12 @@ def _base_config(model):
     return base.config, getattr(base, "generation_config", None)
 
 
-def save_hf_model_dir(model, tokenizer, out_dir: str, rank: int = 0) -> str | None:
+def save_hf_model_dir(model, tokenizer, out_dir: str, rank: int = 0, max_shard_size: str | int = "5GB") -> str | None:
     """Gather the full weights (collective: every rank calls this) and write them as an HF dir on rank 0.
 
     LoRA adapters are merged into the base weights (names are the base model's). A tied ``lm_head.weight``
     is left out, as ``save_pretrained`` does. Returns ``out_dir`` on rank 0, None elsewhere.
     """
-    from safetensors.torch import save_file
-
     state = get_full_state_dict(model, rank0_only=True)
     config, gen_config = _base_config(model)
     if dist.is_initialized():
@@ -55,18 +57,17 @@ def save_hf_model_dir(model, tokenizer, out_dir: str, rank: int = 0) -> str | No
         return None
     if getattr(config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    state = {k: v.contiguous() for k, v in state.items()}
+    state = own_storage(state)
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     try:
-        save_file(state, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        save_torch_state_dict(state, tmp, max_shard_size=max_shard_size, metadata={"format": "pt"})
         config = config.__class__.from_dict(config.to_dict())  # a copy: never mutate the live model's config
         config.torch_dtype = next(iter(state.values())).dtype if state else torch.float32
         config.save_pretrained(tmp)
-        if gen_config is not None:
-            gen_config.save_pretrained(tmp)
+        (gen_config if gen_config is not None else GenerationConfig.from_model_config(config)).save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if os.path.exists(out_dir):
