@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tensordict import NonTensorStack, TensorDict
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 # The helpers live in verl/_protocol/, one module per responsibility; they are re-exported here (private
 # names included: tests and older callers import them from verl.protocol). DataProto itself stays here so
 # pickles keep naming it verl.protocol.DataProto.
-from verl._protocol.collate import all_gather_data_proto, collate_fn
+from verl._protocol.collate import all_gather_data_proto, collate_items, collate_rows
 from verl._protocol.config import DataProtoConfig, _DataProtoConfigMeta  # noqa: F401
 from verl._protocol.containers import (  # noqa: F401
     _deep_equal,
@@ -493,8 +494,6 @@ class DataProto:
         ``dataloader_kwargs={"shuffle": True}`` reshuffles every epoch; ``seed`` makes the order reproducible.
         Each mini-batch is gathered with one index operation, not row by row.
         """
-        from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
-
         if mini_batch_size < 1 or len(self) % mini_batch_size != 0:
             raise ValueError(f"make_iterator: batch size {len(self)} must be a multiple of "
                              f"mini_batch_size={mini_batch_size}")
@@ -536,3 +535,14 @@ class DataProto:
 
 def _identity(x):
     return x
+
+
+def collate_fn(x: list):
+    """Collate a list of samples: DataProtoItems -> one DataProto (tensors stacked, non-tensors as object
+    arrays); dataset rows (dicts) -> one dict (tensors stacked, other values as object arrays)."""
+    if not x:
+        raise ValueError("collate_fn: got an empty list of samples")
+    if isinstance(x[0], DataProtoItem):
+        batch, non_tensor, meta_info = collate_items(x)
+        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta_info)
+    return collate_rows(x)

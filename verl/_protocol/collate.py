@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from tensordict import TensorDict
 
 from verl._protocol.containers import _to_object_array, list_of_dict_to_dict_of_list
@@ -14,21 +15,15 @@ if TYPE_CHECKING:  # the class lives in verl.protocol, which imports this module
     from verl.protocol import DataProto
 
 
-def collate_fn(x: list):
-    """Collate a list of samples.
+def collate_items(items: list) -> tuple:
+    """DataProtoItems -> ``(stacked batch or None, {key: object array}, meta_info of the first)``."""
+    batch = torch.stack([item.batch for item in items]) if items[0].batch is not None else None
+    non_tensor = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in items])
+    return batch, {k: _to_object_array(v, k) for k, v in non_tensor.items()}, items[0].meta_info
 
-    * dicts (the RL dataset's rows) -> dict: tensors stacked, every other value an object array;
-    * DataProtoItems -> DataProto (tensors stacked, non-tensors as object arrays).
-    """
-    if not x:
-        raise ValueError("collate_fn: got an empty list of samples")
-    from verl.protocol import DataProto, DataProtoItem  # at call time: verl.protocol imports this module
 
-    if isinstance(x[0], DataProtoItem):
-        batch = torch.stack([item.batch for item in x]) if x[0].batch is not None else None
-        non_tensor = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in x])
-        return DataProto(batch=batch, non_tensor_batch={k: _to_object_array(v, k) for k, v in non_tensor.items()},
-                         meta_info=x[0].meta_info)
+def collate_rows(x: list) -> dict:
+    """Dataset rows (dicts) -> one dict: tensors stacked, every other value an object array."""
     tensors, non_tensors = {}, {}
     for row in x:
         for key, val in row.items():
@@ -46,8 +41,6 @@ def collate_fn(x: list):
 def all_gather_data_proto(data: DataProto, process_group=None) -> None:
     """All-gather ``data`` across ``process_group`` in place (every rank ends with every rank's rows, in
     rank order). Every rank must hold the same number of rows."""
-    import torch.distributed as dist
-
     world = dist.get_world_size(group=process_group)
     if data.batch is not None:
         gathered = {}

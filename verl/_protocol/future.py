@@ -73,15 +73,13 @@ class DataProtoFuture:
         ``WorkerError`` naming its rank, with the Ray error as ``cause``; with several failures, the
         lowest rank among those already finished (healthy ranks still running are not waited for: they
         may be blocked in a collective with the dead one)."""
-        from verl.protocol import DataProto
-
         ray = _ray()
         try:
             outputs = ray.get(self.futures)
         except ray.exceptions.RayError as err:
             raise self._worker_error(err) from err
         for i, out in enumerate(outputs):
-            if not isinstance(out, (DataProto, TensorDict)):
+            if not (isinstance(out, TensorDict) or callable(getattr(type(out), "concat", None))):
                 raise TypeError(f"DataProtoFuture: worker {i} returned {type(out).__name__}, expected DataProto "
                                 f"or TensorDict")
         result = self.collect_fn(outputs)
@@ -106,12 +104,10 @@ class DataProtoFuture:
 
 
 def _concat_results(parts: list):
-    """DataProto.concat for DataProtos, concat_tensordict (jagged tensors included) for TensorDicts."""
-    from verl.protocol import DataProto
-
+    """DataProto.concat for DataProtos (the parts' own class), concat_tensordict for TensorDicts."""
     if parts and all(isinstance(p, TensorDict) for p in parts):
         return tu.concat_tensordict(parts)
-    return DataProto.concat(parts)
+    return type(parts[0]).concat(parts)
 
 
 @dataclass

@@ -23,9 +23,7 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
         return data, 0
     if len(data) == 0:
         raise ValueError("pad_dataproto_to_divisor: cannot pad an empty DataProto (no rows to repeat)")
-    from verl.protocol import DataProto  # at call time: verl.protocol imports this module
-
-    padded = DataProto.concat([data, data.select_idxs(np.arange(pad_size) % len(data))])
+    padded = type(data).concat([data, data.select_idxs(np.arange(pad_size) % len(data))])
     return padded, pad_size
 
 

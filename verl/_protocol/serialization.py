@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
+from verl.utils.device import get_device_name
+
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
     """A tensor that owns exactly its bytes: pickling a view would otherwise ship its whole base storage."""
@@ -27,8 +29,6 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
 
 def _load_location():
     """Load on CPU when this process has no accelerator (e.g. a CPU driver receiving a GPU worker's output)."""
-    from verl.utils.device import get_device_name
-
     return "cpu" if get_device_name() == "cpu" else None
 
 

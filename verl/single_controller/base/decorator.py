@@ -9,7 +9,7 @@ worker group. Calling it on the group runs three steps:
 3. ``collect_fn(worker_group, outputs)`` turns the per-worker answers into what the caller gets.
 
 ``Dispatch`` names the built-in (dispatch_fn, collect_fn) pairs; ``register_dispatch_mode`` adds new
-ones. This module knows nothing about Ray: it only moves Python values around.
+ones. This module knows nothing about Ray: it only moves Python values (DataProtos, TensorDicts, lists) around.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ import functools
 import inspect
 import sys
 from typing import Any, Callable
+
+from tensordict import TensorDict
+
+from verl.protocol import DataProto, DataProtoConfig, DataProtoFuture, pad_dataproto_to_divisor
+from verl.utils import tensordict_utils as tu
 
 MAGIC_ATTR = "attrs_3141562937"  # name of the attribute holding a method's registration (verl's value)
 _PADDING_SIZE_KEY = "_padding_size_key_x123d"  # dispatch -> group: rows added by auto padding
@@ -167,19 +172,14 @@ def collect_dp_compute(worker_group, output):
 
 
 def _is_dataproto_like(obj) -> bool:
-    from verl.protocol import DataProto, DataProtoFuture
-
     return isinstance(obj, (DataProto, DataProtoFuture)) or _is_tensordict(obj)
 
 
 def _is_tensordict(obj) -> bool:
-    tensordict = sys.modules.get("tensordict")  # loaded whenever a TensorDict exists; never imported here
-    return tensordict is not None and isinstance(obj, tensordict.TensorDict)
+    return isinstance(obj, TensorDict)
 
 
 def _padding_enabled(data) -> bool:
-    from verl.protocol import DataProto, DataProtoConfig
-
     if _is_tensordict(data):
         return bool(DataProtoConfig.auto_padding)
     if not isinstance(data, DataProto):
@@ -196,9 +196,6 @@ def split_dataproto_args(chunks: int, *args, **kwargs):
     length is not divisible is padded first; the number of padding rows travels back to the group in
     ``kwargs[_PADDING_SIZE_KEY]`` so it can unpad the collected result.
     """
-    from verl.protocol import DataProto, pad_dataproto_to_divisor
-    from verl.utils import tensordict_utils as tu  # in-function like verl.protocol: this module stays import-light
-
     batch_len: int | None = None
     pad_size: int | None = None
 
@@ -254,9 +251,6 @@ def dispatch_dp_compute_data_proto_with_func(worker_group, *args, **kwargs):
 def _concat_outputs(outputs: list):
     """Concatenate DataProto outputs (DataProto.concat) or TensorDict outputs (concat_tensordict, jagged tensors
     included), or wrap ObjectRefs into a DataProtoFuture."""
-    from verl.protocol import DataProto, DataProtoFuture
-    from verl.utils import tensordict_utils as tu
-
     if outputs and all(_is_object_ref(o) for o in outputs):
         return DataProtoFuture.concat(list(outputs))
     if outputs and all(_is_tensordict(o) for o in outputs):
@@ -400,11 +394,8 @@ def _is_object_ref(obj) -> bool:
 def _materialize(obj):
     if _is_object_ref(obj):
         return sys.modules["ray"].get(obj)
-    if type(obj).__name__ == "DataProtoFuture":
-        from verl.protocol import DataProtoFuture
-
-        if isinstance(obj, DataProtoFuture):
-            return obj.get()
+    if isinstance(obj, DataProtoFuture):
+        return obj.get()
     return obj
 
 

@@ -16,7 +16,10 @@ import os
 import socket
 from dataclasses import dataclass
 
+import torch
+
 from verl.single_controller.base.decorator import Dispatch, Execute, register
+from verl.utils.device import get_visible_devices_env
 
 ENV_NUM_THREADS = "VERL_NUM_THREADS"
 ENV_DISABLE_WORKER_INIT = "DISABLE_WORKER_INIT"  # set while building role instances inside a colocated worker
@@ -35,8 +38,6 @@ def apply_thread_share() -> int | None:
     if not value:
         return None
     n = max(1, int(float(value)))
-    import torch
-
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     os.environ["OMP_NUM_THREADS"] = str(n)  # for libraries that read it later (vLLM's CPU backend)
@@ -131,8 +132,6 @@ class Worker:
         return self._master_addr, self._master_port
 
     def get_cuda_visible_devices(self):
-        from verl.utils.device import get_visible_devices_env
-
         name = get_visible_devices_env()
         return os.environ.get(name, "not set") if name else "not set"
 
@@ -193,8 +192,6 @@ class Worker:
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _get_worker_info(self) -> dict:
         """Rank, pid, node and thread count: used by the group for error messages and by tests."""
-        import torch
-
         return {
             "rank": self._rank,
             "world_size": self._world_size,

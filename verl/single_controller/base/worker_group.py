@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from verl.protocol import DataProto, DataProtoFuture, unpad_dataproto
 from verl.single_controller.base.decorator import (
     _PADDING_SIZE_KEY,
     MAGIC_ATTR,
@@ -109,8 +110,6 @@ def func_generator(worker_group, method_name, dispatch_fn, collect_fn, execute_f
 
 def _unpad_output(output, padding_size: int):
     """Drop the rows auto padding added (DataProto, DataProtoFuture or a per-row list)."""
-    from verl.protocol import DataProto, DataProtoFuture, unpad_dataproto
-
     if isinstance(output, DataProto) or _is_tensordict(output):
         return unpad_dataproto(output, pad_size=padding_size)  # row slicing: the same for a TensorDict
     if isinstance(output, DataProtoFuture):

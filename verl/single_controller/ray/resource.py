@@ -24,6 +24,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 from verl.single_controller.base import ClassWithInitArgs, ResourcePool
+from verl.single_controller.base.worker import apply_thread_share, get_free_port
 from verl.utils.device import get_ray_resource_name
 from verl.utils.unsupported import unsupported, unsupported_class
 
@@ -212,16 +213,12 @@ def node_cores(node_id: str | None) -> int:
 
 @ray.remote(num_cpus=0)
 def _pick_port_on_node() -> int:
-    from verl.single_controller.base.worker import get_free_port
-
     return get_free_port()
 
 
 def pick_master_addr_port(pg: PlacementGroup, bundle_index: int = 0) -> tuple[str, str]:
     """Rank 0's node address (as Ray knows it, e.g. 127.0.0.1 for a loopback cluster) and a port free
     there; the port is picked on that node by a tiny task when it is not the driver's node."""
-    from verl.single_controller.base.worker import get_free_port
-
     node_id = node_id_of_bundle(pg, bundle_index)
     node = _node(node_id)
     addr = node["NodeManagerAddress"] if node else ray.util.get_node_ip_address()
@@ -245,8 +242,6 @@ def _with_worker_env(cls):
     def __init__(self, *args, **kwargs):
         env = kwargs.pop(_ENV_KWARG, None) or {}
         os.environ.update({k: str(v) for k, v in env.items()})
-        from verl.single_controller.base.worker import apply_thread_share
-
         apply_thread_share()
         cls.__init__(self, *args, **kwargs)
 

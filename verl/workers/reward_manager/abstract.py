@@ -17,6 +17,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from verl.utils.reward_score import default_compute_score
+
 __all__ = ["AbstractRewardManager", "RewardSample"]
 
 
@@ -53,8 +55,6 @@ class AbstractRewardManager(ABC):
 
     def __init__(self, tokenizer, num_examine: int = 0, compute_score: Callable | None = None,
                  reward_fn_key: str = "data_source", **kwargs) -> None:
-        from verl.utils.reward_score import default_compute_score
-
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
         self.compute_score = compute_score if compute_score is not None else default_compute_score

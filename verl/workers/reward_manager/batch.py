@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample
 from verl.workers.reward_manager.registry import register
 
@@ -23,8 +24,6 @@ class BatchRewardManager(AbstractRewardManager):
     Without a custom function the built-in per-sample scorer is applied to each element."""
 
     def __init__(self, tokenizer, num_examine=0, compute_score=None, reward_fn_key="data_source", **reward_kwargs):
-        from verl.utils.reward_score import default_compute_score
-
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **reward_kwargs)
         if compute_score is None or compute_score is default_compute_score:
             self.compute_score = _per_sample(default_compute_score)

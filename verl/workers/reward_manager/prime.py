@@ -16,6 +16,7 @@ They are reused across calls and stop with ``manager.close()``, garbage collecti
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -25,6 +26,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
+from verl.utils.reward_score import default_compute_score, require_score_fn
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample
 from verl.workers.reward_manager.registry import register
 
@@ -38,8 +40,6 @@ def _die_with_parent() -> None:
     a short-lived thread would otherwise lose its workers when that thread ends."""
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
-
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except Exception:
             pass
@@ -249,8 +249,6 @@ class PrimeRewardManager(AbstractRewardManager):
         """With the built-in scorer, an unknown data_source would raise in every worker and score 0 as an
         "error": the run would train on all-zero reward. Fail here, on the driver, with the registry's
         message (which says how to plug in a custom function)."""
-        from verl.utils.reward_score import default_compute_score, require_score_fn
-
         if self.compute_score is not default_compute_score:
             return
         for data_source in dict.fromkeys(s.data_source for s in samples):
