@@ -9,8 +9,9 @@ megatron-core runs its models on CPU over gloo except for two places that assume
   ``tensor_parallel.mappings`` allocate their outputs the same way.
 
 :func:`apply_cpu_fallbacks` swaps in a tracker that keeps CPU generator states and a buffer that allocates in
-host memory, and -- on a torch build without CUDA only, where the call could only raise -- makes
-``torch.cuda.current_device()`` answer ``"cpu"`` so those allocations land in host memory. It is applied only
+host memory, and -- on a torch build without CUDA only, where these calls could only raise -- makes
+``torch.cuda.current_device()`` answer ``"cpu"`` so those allocations land in host memory and
+``torch.cuda.synchronize()`` (called by dist-checkpointing after its copies to host memory) a no-op. It is applied only
 when no accelerator is used, and is idempotent.
 """
 
@@ -111,4 +112,6 @@ def apply_cpu_fallbacks() -> None:
         # megatron allocates sequence-parallel buffers with device=torch.cuda.current_device(); without CUDA
         # that call raises, so answering "cpu" only turns an error into a host allocation
         torch.cuda.current_device = lambda: "cpu"
+        # dist-checkpointing synchronizes after its device-to-host copies; without CUDA there is nothing to wait for
+        torch.cuda.synchronize = lambda device=None: None
     _APPLIED = True

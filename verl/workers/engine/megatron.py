@@ -25,6 +25,7 @@ data-parallel rank its state is sharded over the data-parallel group (``ZeroRedu
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Iterator
@@ -156,9 +157,11 @@ class MegatronEngine(TrainEngine):
             if s["use_distributed_optimizer"] and ps.get_data_parallel_world_size() > 1:
                 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-                plain = build_optimizer(params, config.optim)
+                plain = build_optimizer(params, config.optim)  # the class and arguments the config names
+                accepted = inspect.signature(type(plain).__init__).parameters
+                kwargs = {k: v for k, v in plain.defaults.items() if k in accepted and k != "params"}
                 optimizer = ZeroRedundancyOptimizer(params, optimizer_class=type(plain),
-                                                    process_group=ps.get_data_parallel_group(), **plain.defaults)
+                                                    process_group=ps.get_data_parallel_group(), **kwargs)
                 del plain
             else:
                 optimizer = build_optimizer(params, config.optim)
