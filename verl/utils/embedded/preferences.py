@@ -5,7 +5,9 @@
 writes ``train.parquet`` and ``test.parquet`` (test expressions never appear in train) with columns
 ``prompt`` (chat list), ``chosen`` (the correct answer), ``rejected`` (a wrong one: the answer shifted by
 1..9 either way), plus ``data_source`` / ``reward_model.ground_truth`` so rule rewards and RL prompts work on the
-same files, and ``kto_train.parquet`` (``prompt``, ``completion``, ``label``) for KTO. Same seed, same rows.
+same files, ``kto_train.parquet`` (``prompt``, ``completion``, ``label``) for KTO and ``sft_train.parquet``
+(``prompt`` string, ``response`` = the chosen answer) for the supervised warm start that DPO usually follows.
+Same seed, same rows.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def make_kto_rows(pairs: list[dict]) -> list[dict]:
 
 def write_preference_files(out_dir: str, n_train: int = 512, n_test: int = 128, seed: int = 0,
                            config: ArithmeticConfig | None = None) -> dict[str, str]:
-    """Write train/test/kto_train parquet files (test first, so train excludes its expressions)."""
+    """Write train/test/kto_train/sft_train parquet files (test first, so train excludes its expressions)."""
     import pandas as pd
 
     out_dir = os.path.expanduser(out_dir)
@@ -69,8 +71,10 @@ def write_preference_files(out_dir: str, n_train: int = 512, n_test: int = 128, 
     test = make_preference_rows(n_test, "test", seed + 1, config)
     train = make_preference_rows(n_train, "train", seed, config,
                                  exclude={r["extra_info"]["expression"] for r in test})
-    paths = {name: os.path.join(out_dir, f"{name}.parquet") for name in ("train", "test", "kto_train")}
-    for name, rows in (("train", train), ("test", test), ("kto_train", make_kto_rows(train))):
+    sft = [{"prompt": r["extra_info"]["expression"] + "=", "response": r["chosen"]} for r in train]
+    names = ("train", "test", "kto_train", "sft_train")
+    paths = {name: os.path.join(out_dir, f"{name}.parquet") for name in names}
+    for name, rows in zip(names, (train, test, make_kto_rows(train), sft)):
         tmp = paths[name] + ".tmp"
         pd.DataFrame(rows).to_parquet(tmp)
         os.replace(tmp, paths[name])
