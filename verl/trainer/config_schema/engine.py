@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from verl.trainer.config_schema.places import CKPT, FSDP, WORKERS
+from verl.trainer.config_schema.places import CKPT, FSDP, MEGATRON, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 DTYPES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
@@ -17,6 +17,7 @@ STRATEGIES = ("fsdp", "fsdp2", "megatron")
 NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
 NO_COMPILE = "torch.compile is not applied here (the model runs eagerly); remove the override (verl's default is true)"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
+NO_MEGATRON_OFFLOAD = "the Megatron engine does not offload to the host; leave false (strategy=fsdp offloads)"
 NO_MEGATRON_VPP = "interleaved pipeline stages are not available in the Megatron engine; leave null"
 NO_MEGATRON_CP = "context parallelism needs Transformer Engine attention (CUDA); use 1"
 NO_MEGATRON_EP = "the supported architectures (Qwen2, Llama) have no experts; use 1"
@@ -139,18 +140,18 @@ class MegatronConfig(Section):
     """``*.megatron`` (ppo_megatron_trainer.yaml): parallel sizes of the Megatron engine (strategy=megatron)."""
 
     tensor_model_parallel_size: int = key(1, "tensor parallel size (must divide the attention and key/value heads)",
-                                          ge=1, read_in=(WORKERS,))
+                                          ge=1, read_in=(MEGATRON,))
     pipeline_model_parallel_size: int = key(1, "pipeline parallel size (must divide the layers)", ge=1,
-                                            read_in=(WORKERS,))
+                                            read_in=(MEGATRON,))
     virtual_pipeline_model_parallel_size: Optional[int] = key(None, "interleaved pipeline stages", ge=1,
                                                               unsupported=NO_MEGATRON_VPP)
     context_parallel_size: int = key(1, "context parallel size", ge=1, unsupported=NO_MEGATRON_CP)
     expert_model_parallel_size: int = key(1, "expert parallel size", ge=1, unsupported=NO_MEGATRON_EP)
     sequence_parallel: bool = key(True, "Megatron sequence parallel (off when tensor_model_parallel_size=1)",
-                                  read_in=(WORKERS,))
+                                  read_in=(MEGATRON,))
     use_distributed_optimizer: bool = key(True, "shard the optimizer state over the data-parallel ranks",
-                                          read_in=(WORKERS,))
-    param_offload: bool = key(False, "offload parameters", read_in=(WORKERS,), cpu=HOST_ALREADY)
-    grad_offload: bool = key(False, "offload gradients", read_in=(WORKERS,), cpu=HOST_ALREADY)
-    optimizer_offload: bool = key(False, "offload optimizer state", read_in=(WORKERS,), cpu=HOST_ALREADY)
-    seed: int = key(42, "Megatron seed", ge=0, read_in=(WORKERS,))
+                                          read_in=(MEGATRON,))
+    param_offload: bool = key(False, "offload parameters", unsupported=NO_MEGATRON_OFFLOAD)
+    grad_offload: bool = key(False, "offload gradients", unsupported=NO_MEGATRON_OFFLOAD)
+    optimizer_offload: bool = key(False, "offload optimizer state", unsupported=NO_MEGATRON_OFFLOAD)
+    seed: int = key(42, "Megatron seed", ge=0, read_in=(MEGATRON,))
