@@ -179,7 +179,7 @@ def test_sft_values_name_the_key(assets, override, message):
 # ------------------------------------------------------------------------------------- default-only keys
 
 @pytest.mark.parametrize("override, message", [
-    ("actor_rollout_ref.rollout.mode=sync", "rollout.mode='sync' is not supported: the rollout here is the in-process"),
+    ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2", "num_repeat_rollouts=2 is not supported"),
     ("actor_rollout_ref.model.lora_adapter_path=/tmp/adapter", "lora_adapter_path='/tmp/adapter' is not supported"),
     ("actor_rollout_ref.model.custom_chat_template=x", "custom_chat_template='x' is not supported: .*data.chat_template"),
     ("actor_rollout_ref.actor.use_torch_compile=false", "actor.use_torch_compile=False is not supported: torch.compile"),

@@ -33,6 +33,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
+from verl.experimental.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
@@ -191,7 +192,7 @@ class ActorRolloutRefWorker(Worker):
         with manager:
             push_s = getattr(manager, "timing", {}).get("update_weights", 0.0)
             gen_start = time.perf_counter()
-            output = self.rollout.generate_sequences(prompts=prompts)
+            output = self._rollout_generate(prompts)
             gen_s = time.perf_counter() - gen_start
         total_s = time.perf_counter() - start
         gen_max, push_max, total_max = max_across_ranks([gen_s, push_s, total_s])
@@ -201,6 +202,15 @@ class ActorRolloutRefWorker(Worker):
                                       "generation_timing/topk_ratio": gen_min / gen_max if gen_max > 0 else 1.0,
                                       "rollout_with_sync": total_max}
         return output
+
+    def _rollout_generate(self, prompts: DataProto) -> DataProto:
+        """``rollout.mode=sync``: the engine's batch call. ``async`` (verl's default): the agent loop over the
+        request-level API, one episode per sample, the loop chosen by the row's ``agent_name``."""
+        if str(cfg_get(self.config.rollout, "mode", "async")) != "async":
+            return self.rollout.generate_sequences(prompts=prompts)
+        if getattr(self, "_agent_loop_worker", None) is None:
+            self._agent_loop_worker = AgentLoopWorker(self.config, self.rollout, self.tokenizer)
+        return self._agent_loop_worker.generate_sequences(prompts)
 
     def _eos_token_id(self):
         for src in (self.generation_config, self.tokenizer):

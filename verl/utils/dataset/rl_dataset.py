@@ -10,6 +10,7 @@ left-padded to ``data.max_prompt_length``:
     raw_prompt                                the chat list            (data.return_raw_chat=True)
     full_prompts                              the rendered string      (data.return_full_prompt=True)
     index                                     extra_info["index"], else the row number
+    tools_kwargs / interaction_kwargs         extra_info["tools_kwargs"] / ["interaction_kwargs"] ({} if absent)
     <every other column of the row>
 
 Prompts longer than ``max_prompt_length`` are dropped up front (``data.filter_overlong_prompts=True``) or cut
@@ -242,6 +243,10 @@ class RLHFDataset(Dataset):
         extra_info = row.get("extra_info")
         index = extra_info.get("index") if isinstance(extra_info, dict) else None
         row["index"] = item if index is None else index
+        # per-episode tool / interaction arguments for the agent loop (verl's fields; empty when absent)
+        extra = extra_info if isinstance(extra_info, dict) else {}
+        row["tools_kwargs"] = extra.get("tools_kwargs") or {}
+        row["interaction_kwargs"] = extra.get("interaction_kwargs") or {}
         return row
 
 

@@ -79,13 +79,15 @@ class AsyncRolloutServer:
     Args:
         rollout: a :class:`BaseRollout` that implements ``generate_requests``.
         config: the rollout config (defaults for the sampling params).
-        max_batch_requests: most requests per engine call (default: ``rollout.max_num_seqs``, else 256).
+        max_batch_requests: most requests per engine call (default: ``rollout.micro_batch_size`` (hf), else
+            ``rollout.max_num_seqs``, else 256).
     """
 
     def __init__(self, rollout: BaseRollout, config: Any = None, max_batch_requests: Optional[int] = None):
         self.rollout = rollout
         self.config = config if config is not None else getattr(rollout, "config", None)
-        self.max_batch_requests = int(max_batch_requests or cfg_get(self.config, "max_num_seqs", 256))
+        self.max_batch_requests = int(max_batch_requests or cfg_get(self.config, "micro_batch_size", 0)
+                                      or cfg_get(self.config, "max_num_seqs", 256))
         self._pending: list[RolloutRequest] = []
         self._drainer: Optional[asyncio.Task] = None
         # counters for metrics / tests: engine calls, requests served, the largest batch seen

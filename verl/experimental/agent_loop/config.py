@@ -1,0 +1,69 @@
+"""Checks of the multi-turn / agent keys that must fail before any worker starts (tool config, loop names)."""
+
+from __future__ import annotations
+
+import logging
+
+from verl.tools.utils.tool_registry import ToolConfigError, get_tool_class, load_tool_config
+from verl.utils.config import ConfigError
+from verl.workers.rollout.utils import cfg_get
+
+from .agent_loop import AGENT_LOOP_REGISTRY, load_agent_loop_config
+from .tool_parser import ToolParser
+
+__all__ = ["check_agent_loop_config"]
+
+logger = logging.getLogger(__name__)
+AR = "actor_rollout_ref.rollout"
+
+
+def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
+    """Raise ConfigError (naming the key) for a multi-turn setup that cannot run.
+
+    * ``multi_turn.enable`` / ``tool_config_path`` / ``agent.agent_loop_config_path`` need ``mode=async``;
+    * the tool config must load and every ``class_name`` must import as a ``BaseTool`` subclass;
+    * ``agent.default_agent_loop`` and ``multi_turn.format`` must name something registered.
+    """
+    mode = str(cfg_get(rollout_config, "mode", "async"))
+    mt = cfg_get(rollout_config, "multi_turn", {})
+    agent = cfg_get(rollout_config, "agent", {})
+    enable = bool(cfg_get(mt, "enable", False))
+    tool_path = cfg_get(mt, "tool_config_path", None)
+    loops_path = cfg_get(agent, "agent_loop_config_path", None)
+    if mode != "async":
+        for key, value in ((f"{AR}.multi_turn.enable", enable), (f"{AR}.multi_turn.tool_config_path", tool_path),
+                           (f"{AR}.agent.agent_loop_config_path", loops_path)):
+            if value:
+                raise ConfigError(f"{key} is set but {AR}.mode={mode}: multi-turn rollouts run in the agent loop; "
+                                  f"set {AR}.mode=async")
+        return
+    name = str(cfg_get(rollout_config, "name", "hf"))
+    if name == "sglang":
+        raise ConfigError(f"{AR}.mode=async: the sglang rollout has no request-level API here; set {AR}.mode=sync "
+                          f"or {AR}.name=vllm")
+    if enable and not tool_path:
+        logger.warning("%s.multi_turn.enable=True without a tool_config_path: tool_agent episodes will have no tools",
+                       AR)
+    if not check_files:
+        return
+    known = set(AGENT_LOOP_REGISTRY)
+    if loops_path:
+        try:
+            known |= set(load_agent_loop_config(str(loops_path)))
+        except (FileNotFoundError, ValueError, ImportError, AttributeError) as exc:
+            raise ConfigError(str(exc)) from None
+    default = str(cfg_get(agent, "default_agent_loop", "single_turn_agent"))
+    if default not in known:
+        raise ConfigError(f"{AR}.agent.default_agent_loop={default!r} is not a registered agent loop; use one of "
+                          f"{sorted(known)} or list it in {AR}.agent.agent_loop_config_path")
+    fmt = str(cfg_get(mt, "format", "hermes"))
+    try:
+        ToolParser.get_tool_parser(fmt, None)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if tool_path:
+        try:
+            for i, entry in enumerate(load_tool_config(str(tool_path))):
+                get_tool_class(entry["class_name"], f"{AR}.multi_turn.tool_config_path={tool_path}: tools[{i}] ")
+        except ToolConfigError as exc:
+            raise ConfigError(str(exc)) from None
