@@ -351,11 +351,26 @@ class RayWorkerGroup(WorkerGroup):
     def _worker_error(self, rank: int, method_name: str, err: BaseException) -> WorkerError:
         name = self._worker_names[rank] if rank < len(self._worker_names) else None
         what = "died" if isinstance(err, ray.exceptions.ActorDiedError) else "raised"
+        role = self._role_of(method_name)
         msg = (
-            f"{self._describe()}: rank {rank} (actor {name!r}) {what} during {method_name}() "
+            f"{self._describe()}: role {role!r} rank {rank} (actor {name!r}) {what} during {method_name}() "
             f"[world_size={self.world_size}]. Worker traceback / Ray error:\n{type(err).__name__}: {err}"
         )
-        return WorkerError(msg, rank=rank, cause=err)
+        error = WorkerError(msg, rank=rank, cause=err)
+        error.role = role
+        return error
+
+    def _role_of(self, method_name: str) -> str:
+        """The role a call ran for: the sub-group's role, the ``{role}_`` prefix of a colocated method, or the
+        worker class name."""
+        cls = _unwrap_cls(self.ray_cls_with_init.cls)
+        if self.sub_cls_name:
+            return self.sub_cls_name
+        roles = getattr(cls, "_verl_colocated_roles", None) or getattr(cls, "_verl_fused_roles", None) or {}
+        for role in sorted(roles, key=len, reverse=True):
+            if method_name.startswith(f"{role}_"):
+                return role
+        return cls.__name__
 
     def _describe(self) -> str:
         cls = _unwrap_cls(self.ray_cls_with_init.cls).__name__

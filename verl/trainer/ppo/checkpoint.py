@@ -17,10 +17,11 @@ import os
 import re
 import shutil
 
+from verl.protocol import WorkerError
 from verl.utils.fs import atomic_write_text
 
 __all__ = ["LATEST_FILE", "step_folder", "find_latest_ckpt_path", "mark_latest", "prune_checkpoints",
-           "list_step_folders"]
+           "list_step_folders", "stopped_run_error"]
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -82,3 +83,16 @@ def prune_checkpoints(root: str, max_actor: int | None, max_critic: int | None) 
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def stopped_run_error(err: WorkerError, step: int, root: str) -> WorkerError:
+    """The error a run stops with when a worker died or raised: role, rank, step, and what to resume from."""
+    latest = find_latest_ckpt_path(root)
+    resume = (f"last complete checkpoint: {latest}; run the same command again (trainer.resume_mode=auto) to "
+              "continue from it" if latest else f"no complete checkpoint under {root} yet (trainer.save_freq sets "
+              "how often one is written); a new run starts from step 1")
+    role = getattr(err, "role", "?")
+    msg = f"training stopped at global step {step}: role {role!r} rank {err.rank} failed; {resume}.\n{err}"
+    stopped = WorkerError(msg, rank=err.rank, cause=err.cause)
+    stopped.role = role
+    return stopped

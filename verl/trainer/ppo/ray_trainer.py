@@ -41,7 +41,7 @@ from omegaconf import OmegaConf, open_dict
 from tqdm import tqdm
 
 from verl.experimental.agent_loop.metrics import agent_loop_metrics
-from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import DataProto, WorkerError, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import (
     RayClassWithInitArgs,
     RayWorkerGroup,
@@ -50,7 +50,13 @@ from verl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, prune_checkpoints, step_folder
+from verl.trainer.ppo.checkpoint import (
+    find_latest_ckpt_path,
+    mark_latest,
+    prune_checkpoints,
+    step_folder,
+    stopped_run_error,
+)
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.dataloader import build_dataloader
 from verl.trainer.ppo.metric_utils import (
@@ -242,7 +248,15 @@ class RayPPOTrainer(ValidationMixin):
 
     # -------------------------------------------------------------------------------------- training
     def fit(self) -> None:
-        """The training loop: validate, then step until ``total_training_steps``; log, test, checkpoint."""
+        """The training loop (:meth:`_fit`). A worker that dies or raises stops the run at once with an error
+        naming the role, rank, step and the last complete checkpoint to resume from."""
+        try:
+            self._fit()
+        except WorkerError as err:
+            raise stopped_run_error(err, getattr(self, "global_steps", 0), self._checkpoint_root()) from err
+
+    def _fit(self) -> None:
+        """Validate, then step until ``total_training_steps``; log, test, checkpoint."""
         self.logger = Tracking(
             project_name=self.config.trainer.project_name,
             experiment_name=self.config.trainer.experiment_name,
