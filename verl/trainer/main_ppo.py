@@ -27,6 +27,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
+from verl.trainer.host_defaults import explicit_override_keys, resolve_host_defaults
 from verl.utils.config import ConfigError, check_overrides
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
@@ -67,7 +68,8 @@ def main(config: DictConfig) -> None:
 
 
 def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "colocate") -> None:
-    """Validate ``config``, start Ray if needed and run the trainer in a TaskRunner actor."""
+    """Resolve host-aware defaults, validate ``config``, start Ray if needed and run the trainer in a TaskRunner."""
+    print(resolve_host_defaults(config, explicit_override_keys()), flush=True)
     plan = validate_or_exit(config)
     absolutize_local_paths(config)
     if not ray.is_initialized():

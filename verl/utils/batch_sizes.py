@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from verl.utils.config import ConfigError
 
-__all__ = ["NormalizedBatchSizes", "normalized_batch_sizes"]
+__all__ = ["NormalizedBatchSizes", "normalized_batch_sizes", "per_rank_size"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def _positive_int(value: Any, key: str) -> int:
     return value
 
 
-def _per_rank(section: Any, global_key: str, per_gpu_key: str, dp_size: int, prefix: str) -> Optional[int]:
+def per_rank_size(section: Any, global_key: str, per_gpu_key: str, dp_size: int, prefix: str) -> Optional[int]:
     """``<global_key> // dp_size`` when the deprecated global key is set (it wins, as in verl), else the per-gpu key."""
     global_value = _get(section, global_key)
     if global_value is not None:
@@ -90,7 +90,7 @@ def normalized_batch_sizes(section: Any, rollout_n: int, dp_size: int, prefix: s
                               f"over {dp_size} data-parallel ranks. Change {prefix}ppo_mini_batch_size or the number "
                               "of ranks (trainer.n_gpus_per_node).")
         per_rank_mini = mini * rollout_n // dp_size
-        micro = _per_rank(section, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp_size, prefix)
+        micro = per_rank_size(section, "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", dp_size, prefix)
         if not dynamic:
             if micro is None:
                 raise ConfigError(f"set '{prefix}ppo_micro_batch_size_per_gpu' (micro batch per device/process), or "
@@ -104,11 +104,11 @@ def normalized_batch_sizes(section: Any, rollout_n: int, dp_size: int, prefix: s
                     f"{divisors}")
             accum = per_rank_mini // micro
 
-    log_prob = _per_rank(section, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp_size, prefix)
-    forward = _per_rank(section, "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", dp_size, prefix)
+    log_prob = per_rank_size(section, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp_size, prefix)
+    forward = per_rank_size(section, "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", dp_size, prefix)
     if forward is None and micro is not None and _get(section, "forward_max_token_len_per_gpu") is not None:
         forward = micro  # the critic's value pass defaults to its training micro size
-    rm_micro = _per_rank(section, "micro_batch_size", "micro_batch_size_per_gpu", dp_size, prefix)
+    rm_micro = per_rank_size(section, "micro_batch_size", "micro_batch_size_per_gpu", dp_size, prefix)
     return NormalizedBatchSizes(dp_size=dp_size, rollout_n=rollout_n, use_dynamic_bsz=dynamic,
                                 ppo_mini_batch_size=per_rank_mini, ppo_micro_batch_size_per_gpu=micro,
                                 gradient_accumulation_steps=accum, log_prob_micro_batch_size_per_gpu=log_prob,

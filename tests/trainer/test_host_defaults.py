@@ -1,0 +1,91 @@
+"""Host-aware defaults: on a CPU without native bf16 the compute dtypes the user did not set become fp32 and
+gradient checkpointing goes off when memory is plentiful; explicit values are never overridden; on GPU verl's
+defaults stay."""
+
+import os
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from verl.trainer import host_defaults
+from verl.trainer.host_defaults import COMPUTE_DTYPE_KEYS, resolve_host_defaults
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "verl", "trainer", "config")
+
+
+def _compose(overrides=()):
+    with initialize_config_dir(config_dir=os.path.abspath(CONFIG_DIR), version_base=None):
+        return compose("ppo_trainer", overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def defaults():
+    return _compose()
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)  # a 4 KiB "model": fits many times over
+    return str(tmp_path)
+
+
+def _select(cfg, key):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(cfg, key)
+
+
+def test_avx2_host_gets_fp32_and_no_checkpointing(monkeypatch, defaults, model_dir):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: False)
+    cfg = _compose(["trainer.device=cpu", f"actor_rollout_ref.model.path={model_dir}", f"critic.model.path={model_dir}"])
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    for key in COMPUTE_DTYPE_KEYS:
+        assert _select(cfg, key) == "fp32", key
+    assert _select(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing") is False
+    assert _select(cfg, "critic.model.enable_gradient_checkpointing") is False
+    text = str(choices)
+    assert "native bf16=no" in text and "bfloat16 -> fp32" in text and "enable_gradient_checkpointing: True -> False" in text
+    assert len(choices.changed) == len(COMPUTE_DTYPE_KEYS) + 2
+
+
+def test_explicit_values_are_never_overridden(monkeypatch, defaults, model_dir):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: False)
+    # named on the command line, even at verl's default value
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.actor.fsdp_config.dtype=bfloat16",
+                    f"actor_rollout_ref.model.path={model_dir}",
+                    "actor_rollout_ref.model.enable_gradient_checkpointing=true"])
+    choices = resolve_host_defaults(cfg, {"actor_rollout_ref.actor.fsdp_config.dtype",
+                                          "actor_rollout_ref.model.enable_gradient_checkpointing"}, defaults)
+    assert _select(cfg, "actor_rollout_ref.actor.fsdp_config.dtype") == "bfloat16"
+    assert _select(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing") is True
+    assert ("actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16") in [(k, v) for k, v, _ in choices.kept]
+    # a value different from the shipped default counts as set, without an override list
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.dtype=float16"])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, "actor_rollout_ref.rollout.dtype") == "float16"
+    assert _select(cfg, "actor_rollout_ref.actor.fsdp_config.dtype") == "fp32"  # not set: resolved
+
+
+def test_native_bf16_host_keeps_bf16(monkeypatch, defaults):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: True)
+    cfg = _compose(["trainer.device=cpu"])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, "actor_rollout_ref.actor.fsdp_config.dtype") == "bfloat16"
+
+
+def test_gpu_keeps_verls_defaults(monkeypatch, defaults, model_dir):
+    monkeypatch.setattr(host_defaults, "resolve_device", lambda value: "cuda")
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: False)
+    cfg = _compose([f"actor_rollout_ref.model.path={model_dir}"])
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert choices.changed == [] and "nothing changed" in str(choices)
+    assert _select(cfg, "actor_rollout_ref.actor.fsdp_config.dtype") == "bfloat16"
+    assert _select(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing") is True
+
+
+def test_big_model_keeps_checkpointing(monkeypatch, defaults, tmp_path):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(host_defaults, "_weights_bytes", lambda path: 64 * 1024**3)  # 64 GiB of weights
+    cfg = _compose(["trainer.device=cpu", f"actor_rollout_ref.model.path={tmp_path}"])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing") is True

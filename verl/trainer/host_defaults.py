@@ -1,0 +1,156 @@
+"""Host-aware defaults: keys the user did not set resolve to what is fast on the machine the run is on.
+
+verl's defaults are made for GPUs with scarce memory: bf16 compute and gradient checkpointing. On a CPU
+without native bf16 (AVX2-only hosts) torch emulates bf16 10-20x slower than fp32, and on a CPU host the
+model's training state usually fits in RAM many times over, so recomputing activations only costs time.
+
+``resolve_host_defaults(config, explicit)`` changes, in place and only when the run is on CPU:
+
+- compute dtypes (``actor/ref/critic fsdp_config.dtype``, ``rollout.dtype``) from bf16/fp16 to fp32 when the
+  CPU has no native bf16 (no AVX-512 BF16, no AMX);
+- ``enable_gradient_checkpointing`` (policy and critic) to False when 8x the model's weights (weights, gradients,
+  two Adam moments, and as much again for activations) fit in half of the machine's memory.
+
+A key the user set stays as set: ``explicit`` holds the keys given on the command line (Hydra overrides); keys
+whose value differs from the shipped yaml's default also count as set. On GPU and NPU nothing changes. The
+returned :class:`HostChoices` prints as one block that says what was chosen and why.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.utils.device import cpu_has_native_bf16, resolve_device
+
+__all__ = ["HostChoices", "resolve_host_defaults", "explicit_override_keys", "COMPUTE_DTYPE_KEYS",
+           "CHECKPOINTING_KEYS"]
+
+AR = "actor_rollout_ref"
+COMPUTE_DTYPE_KEYS = (f"{AR}.actor.fsdp_config.dtype", f"{AR}.ref.fsdp_config.dtype", "critic.model.fsdp_config.dtype",
+                      f"{AR}.rollout.dtype")
+CHECKPOINTING_KEYS = {f"{AR}.model.enable_gradient_checkpointing": f"{AR}.model.path",
+                      "critic.model.enable_gradient_checkpointing": "critic.model.path"}
+_HALF = {"bf16", "bfloat16", "fp16", "float16", "half"}
+
+
+@dataclass
+class HostChoices:
+    """What ``resolve_host_defaults`` decided, for the log."""
+
+    device: str
+    isa: str = ""
+    native_bf16: bool = False
+    memory_gib: float = 0.0
+    changed: list = field(default_factory=list)  # (key, old, new, why)
+    kept: list = field(default_factory=list)  # (key, value, why)
+
+    def __str__(self) -> str:
+        head = (f"Host-aware defaults: device={self.device}, cpu={self.isa or 'unknown'}, "
+                f"native bf16={'yes' if self.native_bf16 else 'no'}, memory={self.memory_gib:.1f} GiB, "
+                f"torch threads={torch.get_num_threads()}")
+        lines = [head]
+        lines += [f"  {key}: {old} -> {new}  ({why})" for key, old, new, why in self.changed]
+        lines += [f"  {key}={value} kept ({why})" for key, value, why in self.kept]
+        if len(lines) == 1:
+            lines.append("  nothing changed (verl's defaults apply)")
+        return "\n".join(lines)
+
+
+def explicit_override_keys() -> set[str]:
+    """Keys given on this process's Hydra command line (empty outside a Hydra app)."""
+    if not HydraConfig.initialized():
+        return set()
+    keys = set()
+    for override in HydraConfig.get().overrides.task:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if not key.startswith("hydra"):
+            keys.add(key)
+    return keys
+
+
+def _cpu_isa() -> str:
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        return platform.machine()
+    for name in ("amx_bf16", "avx512_bf16", "avx512f", "avx2"):
+        if name in flags:
+            return name
+    return platform.machine()
+
+
+def _weights_bytes(model_path) -> int:
+    if not model_path or not os.path.isdir(str(model_path)):
+        return 0
+    files = glob.glob(os.path.join(str(model_path), "*.safetensors")) + glob.glob(os.path.join(str(model_path), "*.bin"))
+    return sum(os.path.getsize(f) for f in files)
+
+
+def _shipped_defaults() -> DictConfig:
+    """The shipped ppo_trainer.yaml as written (it has no defaults list to compose; works inside a Hydra app)."""
+    return OmegaConf.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "ppo_trainer.yaml"))
+
+
+def _user_set(config, key: str, explicit: set[str], defaults: DictConfig) -> bool:
+    if key in explicit:
+        return True
+    return OmegaConf.select(config, key, default=None) != OmegaConf.select(defaults, key, default=None)
+
+
+def _set(config: DictConfig, key: str, value) -> None:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(config, parent)
+    with open_dict(node):
+        node[leaf] = value
+
+
+def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
+                          defaults: DictConfig | None = None) -> HostChoices:
+    """Apply the host-aware choices to ``config`` (in place, before validation); see the module docstring."""
+    try:
+        device = resolve_device(OmegaConf.select(config, "trainer.device", default="auto"))
+    except ValueError:  # a bad trainer.device: validation reports it with the key
+        return HostChoices(device="unknown")
+    choices = HostChoices(device=device)
+    if device != "cpu":
+        return choices
+    explicit = explicit or set()
+    defaults = defaults if defaults is not None else _shipped_defaults()
+    choices.isa = _cpu_isa()
+    choices.native_bf16 = cpu_has_native_bf16()
+    memory = psutil.virtual_memory().total
+    choices.memory_gib = memory / 1024**3
+
+    for key in COMPUTE_DTYPE_KEYS:
+        value = OmegaConf.select(config, key, default=None)
+        if str(value).lower() not in _HALF or choices.native_bf16:
+            continue
+        if _user_set(config, key, explicit, defaults):
+            choices.kept.append((key, value, "set by you; bf16 is emulated on this CPU and runs 10-20x slower"))
+        else:
+            _set(config, key, "fp32")
+            choices.changed.append((key, value, "fp32", "bf16 is emulated on this CPU (no AVX-512 BF16 / AMX): "
+                                                       "10-20x slower than fp32"))
+
+    for key, path_key in CHECKPOINTING_KEYS.items():
+        if not OmegaConf.select(config, key, default=False) or _user_set(config, key, explicit, defaults):
+            continue
+        weights = _weights_bytes(OmegaConf.select(config, path_key, default=None))
+        if weights and 8 * weights < memory / 2:
+            _set(config, key, False)
+            choices.changed.append((key, True, False, f"model weights {weights / 1024**2:.0f} MiB: training state and "
+                                                      "activations fit in memory, recomputing them only costs time"))
+    return choices
