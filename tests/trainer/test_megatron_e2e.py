@@ -21,17 +21,49 @@ def _megatron_args(a, tp, pp, *extra):
                                 "actor_rollout_ref.rollout.load_format=dummy", *extra)
 
 
-@pytest.mark.e2e
-@pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_megatron_grpo_vllm_in_sync_every_step(assets, tmp_path, tp, pp):  # noqa: F811
-    metrics = run_main(tmp_path / f"tp{tp}pp{pp}", _megatron_args(assets, tp, pp))
-    assert sorted(metrics) == list(range(1, STEPS + 1))
+def _in_sync(metrics, steps):
+    assert sorted(metrics) == list(steps)
     for step, m in metrics.items():
         assert m["training/rollout_probs_diff_max"] <= 1e-3, (step, m["training/rollout_probs_diff_max"])
         assert m["response_length/mean"] > 0
     assert any(m.get("actor/grad_norm", 0) > 0 for m in metrics.values())
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+def test_megatron_tp2_grpo_checkpoint_and_resume_on_tp1(assets, tmp_path):  # noqa: F811
+    """TP=2: 3 steps in sync with vLLM and a checkpoint at step 3; then the same run resumes with TP=1 at step 4
+    (the dist-checkpoint reshards), still in sync after the push."""
+    run = tmp_path / "run"
+    metrics = run_main(run, _megatron_args(assets, 2, 1, "trainer.save_freq=3"))
+    _in_sync(metrics, range(1, STEPS + 1))
+    ckpt = run / "checkpoints" / "verl_examples" / "gsm8k"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert (ckpt / "global_step_3" / "actor" / "dist_ckpt").is_dir()
+    (run / "metrics.jsonl").unlink()
+    resumed = run_main(run, _megatron_args(assets, 1, 1, f"trainer.total_training_steps={STEPS + 1}"))
+    _in_sync(resumed, [STEPS + 1])
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+def test_megatron_pp2_grpo_in_sync_every_step(assets, tmp_path):  # noqa: F811
+    _in_sync(run_main(tmp_path / "pp2", _megatron_args(assets, 1, 2)), range(1, STEPS + 1))
+
+
+@pytest.mark.e2e
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+def test_megatron_ppo_with_megatron_critic(assets, tmp_path):  # noqa: F811
+    args = _megatron_args(assets, 2, 1, "algorithm.adv_estimator=gae", f"critic.model.path={assets['model']}",
+                          "critic.optim.lr=1e-3", "critic.ppo_micro_batch_size_per_gpu=8",
+                          "critic.model.fsdp_config.dtype=fp32", "critic.model.fsdp_config.model_dtype=fp32")
+    metrics = run_main(tmp_path / "ppo", args)
+    _in_sync(metrics, range(1, STEPS + 1))
+    assert all(m["critic/vf_loss"] > 0 for m in metrics.values())
+    assert any(m["critic/grad_norm"] > 0 for m in metrics.values())
 
 
 def _fails_before_workers(tmp_path, args):
