@@ -15,18 +15,22 @@ same batches as an uninterrupted one without saving a dataloader.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import ray
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from verl.single_controller.ray.base import ResourcePoolManager
 from verl.trainer.main_ppo import absolutize_local_paths, ray_init_kwargs
 from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step_folder
 from verl.trainer.ppo.utils import Role
+from verl.trainer.preference.pairs import pair_train_spec
 from verl.utils.config import ConfigError
+from verl.utils.dataset.preference_dataset import PreferenceDataset
 from verl.utils.device import resolve_device
 from verl.utils.tracking import Tracking
 
@@ -85,6 +89,43 @@ class RecipeDriver:
         group.init_model()
         self.groups[name] = group
         return group
+
+    def setup_pairs(self, tokenizer, micro_pairs: int, use_dynamic_bsz: bool = False, epochs: int = 1,
+                    outputs: tuple[str, ...] = ("log_probs",), grad_norm_key: str = "actor/grad_norm",
+                    micro_key: str = "micro_batch_size_per_gpu") -> None:
+        """Load ``data.train_files`` / ``data.val_files`` as pairs and derive the pair TrainSpec: errors (batch
+        arithmetic, bad rows) surface here, before any worker starts."""
+        data, tr = self.config.data, self.config.trainer
+        world = int(tr.n_gpus_per_node) * int(tr.nnodes)
+        self.batch_size = int(data.train_batch_size)
+        if self.batch_size % world:
+            raise ConfigError(f"data.train_batch_size={self.batch_size} pairs must divide over {world} processes "
+                              "(trainer.n_gpus_per_node x trainer.nnodes)")
+        try:
+            self.spec = pair_train_spec(self.batch_size // world, int(micro_pairs), bool(use_dynamic_bsz),
+                                        outputs=outputs, epochs=int(epochs), key_prefix=micro_key)
+        except ValueError as e:
+            raise ConfigError(f"{e} (data.train_batch_size, {micro_key}, use_dynamic_bsz)") from None
+        self.spec = dataclasses.replace(self.spec, grad_norm_key=grad_norm_key)
+        self.tokenizer = tokenizer
+        self.seed = int(tr.get("seed", 0) or 0)
+        self.train = PreferenceDataset(data.train_files, tokenizer, data, int(data.get("train_max_samples", -1)))
+        self.val = (PreferenceDataset(data.val_files, tokenizer, data, int(data.get("val_max_samples", -1)))
+                    if data.get("val_files") else None)
+        batch_indices(len(self.train), self.batch_size, self.seed, 0)  # a batch larger than the data fails here
+
+    def next_pairs(self) -> tuple[DataProto, list[int]]:
+        """This step's training pairs (interleaved rows) and their dataset indices."""
+        idx = batch_indices(len(self.train), self.batch_size, self.seed, self.global_steps)
+        pairs = self.train.pairs(idx)
+        pairs.meta_info["train_spec"] = self.spec
+        return pairs, idx
+
+    @staticmethod
+    def call(group: RayWorkerGroup, method: str, data: DataProto) -> DataProto:
+        """``group.<method>(data)`` (DP_COMPUTE_PROTO) on any number of rows: padded to the group size, unpadded."""
+        padded, pad = pad_dataproto_to_divisor(data, group.world_size)
+        return unpad_dataproto(getattr(group, method)(padded), pad)
 
     # ------------------------------------------------------------------ hooks
     def step(self) -> dict:
@@ -172,3 +213,34 @@ def quiet_searchpath_warning() -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*path=verl\.trainer\.config is not available.*")
+
+
+EXIT_CONFIG_ERROR = 2
+
+
+def run_recipe(config: DictConfig, driver_cls) -> dict:
+    """Resolve ``config``, load the tokenizer, build ``driver_cls(config, tokenizer)`` (config and data errors:
+    one ``Config error:`` line on stderr, exit code 2, nothing started or written), then start the workers and
+    train. Returns the last step's metrics."""
+    import sys
+
+    from verl.utils.dataset.preference_dataset import PreferenceDataError
+    from verl.utils.model import check_model_dir
+    from verl.workers.worker_utils import load_tokenizer
+
+    OmegaConf.resolve(config)
+    model = config.actor_rollout_ref.model
+    try:
+        path = check_model_dir(str(model.get("tokenizer_path") or model.path))
+        tokenizer = load_tokenizer(path, bool(model.get("trust_remote_code", False)))
+        driver = driver_cls(config, tokenizer)
+    except (ConfigError, PreferenceDataError, FileNotFoundError, ValueError) as e:
+        print(f"Config error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    started_ray = not ray.is_initialized()
+    driver.init_workers()
+    try:
+        return driver.fit()
+    finally:
+        if started_ray and ray.is_initialized():
+            ray.shutdown()

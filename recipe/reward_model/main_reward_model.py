@@ -1,0 +1,18 @@
+"""Reward-model training: ``python -m recipe.reward_model.main_reward_model key=value ...``
+(config: ``config/reward_model_trainer.yaml``; see ``rm_trainer.py`` for the features)."""
+
+import hydra
+from omegaconf import DictConfig
+
+from recipe.reward_model.rm_trainer import RewardModelTrainer
+from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
+
+
+@hydra.main(config_path="config", config_name="reward_model_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run_recipe(config, RewardModelTrainer)
+
+
+if __name__ == "__main__":
+    quiet_searchpath_warning()
+    main()
