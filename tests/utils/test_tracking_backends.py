@@ -103,6 +103,9 @@ def test_swanlab_offline_without_credentials(in_tmp, capsys):
 def test_all_backends_at_once(in_tmp, monkeypatch, capsys):
     for name in ("mlflow", "swanlab", "wandb", "tensorboard"):
         pytest.importorskip("torch.utils.tensorboard" if name == "tensorboard" else name)
+    import wandb
+
+    wandb.teardown()  # wandb keeps its settings (WANDB_DIR) process-wide: forget an earlier test's
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(in_tmp))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -112,9 +115,7 @@ def test_all_backends_at_once(in_tmp, monkeypatch, capsys):
     assert list(tracker.logger) == list(SUPPORTED_BACKENDS)
     tracker.log({"critic/score/mean": 0.5}, step=3)
     tracker.finish()
-    import wandb
-
-    wandb.teardown()  # wandb keeps its settings (WANDB_DIR) process-wide: forget this test's temp dir
+    wandb.teardown()  # ... and this test's temp dir
     assert "step:3 - critic/score/mean:0.5" in capsys.readouterr().out
     assert json.loads((in_tmp / "metrics.jsonl").read_text().splitlines()[0]) == {"step": 3, "data": {"critic/score/mean": 0.5}}
     assert glob.glob(str(in_tmp / "tb" / "events.out.tfevents.*"))
