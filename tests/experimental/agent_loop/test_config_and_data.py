@@ -54,6 +54,8 @@ def test_multiturn_config_errors(assets, tmp_path):
     no_class.write_text("tools:\n  - config: {type: native}\n")
     bad_import = tmp_path / "bad_import.yaml"
     bad_import.write_text("tools:\n  - class_name: verl.tools.no_such_module.Tool\n")
+    bad_interaction = tmp_path / "bad_interaction.yaml"
+    bad_interaction.write_text("interaction:\n  - name: x\n")
     cases = [
         ((f"{MT}.tool_config_path={no_class}",), "tools\\[0\\] has no class_name"),
         ((f"{MT}.tool_config_path={bad_import}",), "cannot import verl.tools.no_such_module"),
@@ -63,7 +65,8 @@ def test_multiturn_config_errors(assets, tmp_path):
         ((f"{MT}.format=xml",), "format='xml' is not a known tool-call format"),
         ((f"{MT}.tool_response_truncate_side=top",), "tool_response_truncate_side"),
         ((f"{MT}.max_parallel_calls=0",), "max_parallel_calls"),
-        ((f"{MT}.interaction_config_path=x.yaml",), "interaction_config_path='x.yaml' is not supported"),
+        ((f"{MT}.interaction_config_path={tmp_path / 'x.yaml'}",), "interaction_config_path=.*no such file"),
+        ((f"{MT}.interaction_config_path={bad_interaction}",), "interaction\\[0\\] has no class_name"),
         (("actor_rollout_ref.rollout.agent.num_workers=2",), "num_workers=2 is not supported"),
     ]
     for overrides, message in cases:

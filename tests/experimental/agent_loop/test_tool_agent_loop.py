@@ -205,3 +205,20 @@ def test_worker_packs_episodes_concurrently_with_unknown_agent_name(tok, tmp_pat
     attn_resp = out.batch["attention_mask"][:, 64:]
     assert bool((rm <= attn_resp).all()) and int((attn_resp - rm).sum()) > 0  # tool tokens: attended, not trained
     assert bool((out.batch["rollout_log_probs"][rm == 0] == 0).all())
+
+
+def test_interaction_replies_as_a_user_turn_until_correct(tok, tmp_path):
+    ipath = tmp_path / "interaction.yaml"
+    ipath.write_text("interaction:\n  - name: checker\n"
+                     "    class_name: verl.interactions.answer_check_interaction.AnswerCheckInteraction\n"
+                     "    config: {max_attempts: 3}\n")
+    cfg = arr_config(tool_config(tmp_path), interaction_config_path=str(ipath))
+    out, server = run_episode(tok, cfg, ["It is 7.", "It is 56088."],
+                              interaction_kwargs={"name": "checker", "ground_truth": "56088"})
+    assert len(server.prompts) == 2 and out.extra_fields["turn_scores"] == [0.0, 1.0]
+    user_text = tok.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    assert user_text == "\n<|im_start|>user\nThat is not right. Try again.<|im_end|>\n<|im_start|>assistant\n"
+    assert out.num_turns == 4  # prompt, wrong answer, user reply, right answer
+    # no interaction_kwargs: the first answer ends the episode
+    out, server = run_episode(tok, cfg, ["It is 7."])
+    assert len(server.prompts) == 1 and out.extra_fields["turn_scores"] == []

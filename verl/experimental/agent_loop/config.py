@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from verl.interactions.utils.interaction_registry import InteractionConfigError, check_interaction_config
 from verl.tools.utils.tool_registry import ToolConfigError, get_tool_class, load_tool_config
 from verl.utils.config import ConfigError
 from verl.workers.rollout.utils import cfg_get
@@ -21,7 +22,8 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
     """Raise ConfigError (naming the key) for a multi-turn setup that cannot run.
 
     * ``multi_turn.enable`` / ``tool_config_path`` / ``agent.agent_loop_config_path`` need ``mode=async``;
-    * the tool config must load and every ``class_name`` must import as a ``BaseTool`` subclass;
+    * the tool config must load and every ``class_name`` must import as a ``BaseTool`` subclass (interactions:
+      a ``BaseInteraction`` subclass);
     * ``agent.default_agent_loop`` and ``multi_turn.format`` must name something registered.
     """
     mode = str(cfg_get(rollout_config, "mode", "async"))
@@ -30,8 +32,10 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
     enable = bool(cfg_get(mt, "enable", False))
     tool_path = cfg_get(mt, "tool_config_path", None)
     loops_path = cfg_get(agent, "agent_loop_config_path", None)
+    interaction_path = cfg_get(mt, "interaction_config_path", None)
     if mode != "async":
         for key, value in ((f"{AR}.multi_turn.enable", enable), (f"{AR}.multi_turn.tool_config_path", tool_path),
+                           (f"{AR}.multi_turn.interaction_config_path", interaction_path),
                            (f"{AR}.agent.agent_loop_config_path", loops_path)):
             if value:
                 raise ConfigError(f"{key} is set but {AR}.mode={mode}: multi-turn rollouts run in the agent loop; "
@@ -66,4 +70,9 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
             for i, entry in enumerate(load_tool_config(str(tool_path))):
                 get_tool_class(entry["class_name"], f"{AR}.multi_turn.tool_config_path={tool_path}: tools[{i}] ")
         except ToolConfigError as exc:
+            raise ConfigError(str(exc)) from None
+    if interaction_path:
+        try:
+            check_interaction_config(str(interaction_path))
+        except InteractionConfigError as exc:
             raise ConfigError(str(exc)) from None

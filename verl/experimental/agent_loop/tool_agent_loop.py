@@ -19,7 +19,9 @@ subprocesses, as the shipped sandbox does).
 
 Row fields used: ``raw_prompt`` (chat messages; needs ``data.return_raw_chat=True``, else the dataset's prompt
 tokens are used as they are), ``tools_kwargs`` (``{tool_name: {create_kwargs: {...}}}``, from
-``extra_info.tools_kwargs``).
+``extra_info.tools_kwargs``), ``interaction_kwargs`` (``{name: <interaction>, ...}``: with
+``multi_turn.interaction_config_path`` set, a model turn without tool calls goes to that simulated user, whose reply
+becomes a user turn (mask 0) unless it ends the episode; its scores are kept in ``turn_scores``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from typing import Any, Optional
 from uuid import uuid4
 
+from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
 from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
 from verl.workers.rollout.utils import cfg_get
 
@@ -43,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 _PLACEHOLDER = "\u2063VERL_ASSISTANT_TURN\u2063"  # an assistant text no model writes, to locate turn boundaries
 _TOOLS_CACHE: dict[str, list] = {}  # tool config path -> tools (built once per process)
+_INTERACTIONS_CACHE: dict[str, dict] = {}  # interaction config path -> {name: interaction}
 
 
 def truncate_text(text: str, limit: int, side: str = "middle") -> str:
@@ -81,6 +85,11 @@ class ToolAgentLoop(AgentLoopBase):
         self.tools = {tool.name: tool for tool in _TOOLS_CACHE[key]}
         self.tool_schemas = tool_schemas(list(self.tools.values())) or None
         self.tool_parser = ToolParser.get_tool_parser(str(cfg_get(mt, "format", "hermes")), tokenizer)
+        ipath = cfg_get(mt, "interaction_config_path", None)
+        ikey = str(ipath) if ipath else ""
+        if ikey not in _INTERACTIONS_CACHE:
+            _INTERACTIONS_CACHE[ikey] = initialize_interactions_from_config(ipath) if ipath else {}
+        self.interactions = _INTERACTIONS_CACHE[ikey]
         self._eos_text = self._eos_string()
 
     def _eos_string(self) -> str:
@@ -90,7 +99,7 @@ class ToolAgentLoop(AgentLoopBase):
     # ------------------------------------------------------------------------------------ tokens of a tool turn
     def tool_turn_ids(self, tool_messages: list[dict], response_ended_with_eos: bool) -> list[int]:
         """The tokens the chat template puts between the end of the model's turn and the start of its next turn
-        (the tool messages and the next assistant header), found by rendering a placeholder conversation."""
+        (the tool or user messages and the next assistant header), found by rendering a placeholder conversation."""
         head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PLACEHOLDER}]
         kwargs = dict(self.apply_chat_template_kwargs)
         full = self.tokenizer.apply_chat_template(head + tool_messages, tools=self.tool_schemas, tokenize=False,
@@ -144,6 +153,19 @@ class ToolAgentLoop(AgentLoopBase):
             return self.apply_chat_template(messages, tools=self.tool_schemas)
         return list(kwargs["raw_prompt_ids"])
 
+    async def _start_interaction(self, kwargs: dict):
+        """(interaction, instance id) for a row whose ``interaction_kwargs.name`` names a configured one."""
+        ikw = dict(kwargs.get("interaction_kwargs") or {})
+        name = ikw.pop("name", None)
+        if not name or not self.interactions:
+            return None, None
+        interaction = self.interactions.get(str(name))
+        if interaction is None:
+            logger.warning("interaction_kwargs.name=%r is not in the interaction config (%s); no simulated user",
+                           name, sorted(self.interactions))
+            return None, None
+        return interaction, await interaction.start_interaction(None, **ikw)
+
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         request_id = uuid4().hex
         tools_kwargs = dict(kwargs.get("tools_kwargs") or {})
@@ -156,6 +178,9 @@ class ToolAgentLoop(AgentLoopBase):
         gen_s = tool_s = 0.0
         instances: dict[str, str] = {}
         eos_ids = set(_as_list(getattr(self.tokenizer, "eos_token_id", None)))
+        messages = [dict(m) for m in list(kwargs.get("raw_prompt") or [])]
+        interaction, interaction_id = await self._start_interaction(kwargs)
+        turn_scores: list[float] = []
         try:
             while True:
                 budget = self.response_length - len(response_ids)
@@ -174,9 +199,27 @@ class ToolAgentLoop(AgentLoopBase):
                     break
                 if self.max_assistant_turns and assistant_turns >= int(self.max_assistant_turns):
                     break
-                _, calls, errors = self.tool_parser.parse(self.tokenizer.decode(ids, skip_special_tokens=True))
+                content, calls, errors = self.tool_parser.parse(self.tokenizer.decode(ids, skip_special_tokens=True))
+                messages.append({"role": "assistant", "content": content})
                 if not calls and not errors:
-                    break  # a final answer
+                    if interaction is None:
+                        break  # a final answer
+                    done, reply, score, _ = await interaction.generate_response(interaction_id, messages)
+                    turn_scores.append(float(score))
+                    if done:
+                        break
+                    user = [{"role": "user", "content": reply}]
+                    user_ids = self.tool_turn_ids(user, bool(ids) and ids[-1] in eos_ids)
+                    if len(response_ids) + len(user_ids) >= self.response_length:
+                        break
+                    response_ids += user_ids
+                    mask += [0] * len(user_ids)
+                    logprobs += [0.0] * len(user_ids)
+                    messages += user
+                    user_turns += 1
+                    if self.max_user_turns and user_turns >= int(self.max_user_turns):
+                        break
+                    continue
                 start = time.perf_counter()
                 texts = [f"Error: {e.message}" for e in errors]
                 run_now, refused = calls[: self.max_parallel_calls], calls[self.max_parallel_calls:]
@@ -188,8 +231,9 @@ class ToolAgentLoop(AgentLoopBase):
                 num_errors += len(errors) + len(refused) + sum(int(failed) for _, failed, _ in results)
                 step_reward += sum(r for _, _, r in results)
                 tool_s += time.perf_counter() - start
-                tool_ids = self.tool_turn_ids([{"role": "tool", "content": t} for t in texts],
-                                              bool(ids) and ids[-1] in eos_ids)
+                tool_messages = [{"role": "tool", "content": t} for t in texts]
+                messages += tool_messages
+                tool_ids = self.tool_turn_ids(tool_messages, bool(ids) and ids[-1] in eos_ids)
                 if len(response_ids) + len(tool_ids) >= self.response_length:
                     break  # no room for the results and another model turn
                 response_ids += tool_ids
@@ -200,12 +244,14 @@ class ToolAgentLoop(AgentLoopBase):
                     break
         finally:
             final_reward = await self._release(instances)
+            if interaction is not None:
+                await interaction.finalize_interaction(interaction_id)
         return AgentLoopOutput(
             prompt_ids=prompt_ids, response_ids=response_ids, response_mask=mask, response_logprobs=logprobs,
             num_turns=assistant_turns + user_turns + 1,
             metrics=AgentLoopMetrics(generate_sequences=gen_s, tool_calls=tool_s),
             extra_fields={"tool_calls": num_calls, "tool_errors": num_errors,
-                          "tool_rewards": step_reward + final_reward})
+                          "tool_rewards": step_reward + final_reward, "turn_scores": turn_scores})
 
 
 def _as_list(value: Optional[Any]) -> list:

@@ -47,8 +47,8 @@ class MultiTurn(Section):
                                         read_in=(AGENT_LOOP,))
     tool_config_path: Optional[str] = key(None, "tool config yaml (tools: class_name, config, tool_schema)",
                                           read_in=(AGENT_LOOP,))
-    interaction_config_path: Optional[str] = key(None, "simulated-user (interaction) config yaml",
-                                                 unsupported="interactions are not available yet; leave it null")
+    interaction_config_path: Optional[str] = key(None, "simulated-user (interaction) config yaml (interaction: name, "
+                                                       "class_name, config)", read_in=(AGENT_LOOP,))
     max_parallel_calls: int = key(1, "tool calls run per model turn (more get an error message)", ge=1,
                                   read_in=(AGENT_LOOP,))
     max_tool_response_length: int = key(256, "characters of one tool result shown to the model", ge=1,

@@ -1,0 +1,1 @@
+"""Interaction helpers: loading the interaction config yaml."""
