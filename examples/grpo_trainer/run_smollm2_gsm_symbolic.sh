@@ -54,7 +54,7 @@ fi
   "${ALGO_ARGS[@]}" \
   data.train_files="$DATA_DIR/train.parquet" \
   data.val_files="$DATA_DIR/test.parquet" \
-  data.train_batch_size=16 \
+  data.train_batch_size=8 \
   data.max_prompt_length=256 \
   data.max_response_length=256 \
   data.filter_overlong_prompts=True \
@@ -66,7 +66,7 @@ fi
   actor_rollout_ref.actor.fsdp_config.dtype=$DTYPE \
   actor_rollout_ref.ref.fsdp_config.dtype=$DTYPE \
   actor_rollout_ref.actor.optim.lr="$LR" \
-  actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=8 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
   actor_rollout_ref.actor.use_kl_loss=False \
   actor_rollout_ref.actor.entropy_coeff=0 \
@@ -88,7 +88,7 @@ fi
   trainer.save_freq=-1 \
   trainer.test_freq=10 \
   trainer.total_epochs=1 \
-  trainer.total_training_steps=120 \
+  trainer.total_training_steps=40 \
   trainer.project_name=smollm2-gsm-symbolic \
   trainer.experiment_name="$ALGO-lora$LORA_RANK" \
   trainer.default_local_dir="$CKPT_DIR" "$@"
