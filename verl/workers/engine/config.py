@@ -65,6 +65,7 @@ class EngineConfig:
     checkpoint: dict | None = None
     seed: int = 42
     megatron: dict = field(default_factory=dict)  # <role>.megatron.* (strategy=megatron: parallel sizes)
+    ulysses_sequence_parallel_size: int = 1  # ranks that split one packed sequence (FSDP engine)
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:

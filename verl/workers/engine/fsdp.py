@@ -28,9 +28,11 @@ from verl.utils.fsdp_utils import (apply_fsdp2, apply_lora, build_lr_scheduler, 
                                    load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
                                    offload_fsdp_optimizer)
 from verl.utils.model import load_causal_lm, load_reward_model, load_value_model
+from verl.utils.ulysses import UlyssesGroups, check_ulysses_size, init_ulysses_groups
 from verl.workers.engine.base import TrainEngine
 from verl.workers.engine.config import EngineConfig
 from verl.workers.engine.hf_forward import forward_log_probs, forward_scores, forward_values
+from verl.workers.engine.ulysses import sp_forward_log_probs, sp_forward_values, ulysses_attention_active
 
 __all__ = ["FSDPEngine"]
 
@@ -55,13 +57,22 @@ class FSDPEngine(TrainEngine):
         param_offload / optimizer_offload: keep them in host memory between calls (accelerators only).
         checkpoint_config: ``save_contents`` / ``load_contents`` of verl's ``checkpoint`` section.
         tokenizer: saved beside checkpoints (``huggingface/``).
+        ulysses: sequence-parallel groups (``verl.utils.ulysses``); with ``sp_size > 1`` each micro-batch's packed
+            sequence is split over the sp group and ``dp_group`` defaults to the data-parallel group.
     """
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None, lr_scheduler=None, *,
                  dp_group=None, use_remove_padding: bool = False, grad_clip: float | None = None,
                  param_offload: bool = False, optimizer_offload: bool = False, checkpoint_config=None,
-                 tokenizer=None, name: str = "engine"):
+                 tokenizer=None, name: str = "engine", ulysses: UlyssesGroups | None = None):
         self.module = module
+        self.ulysses = ulysses if ulysses is not None and ulysses.sp_size > 1 else None
+        if self.ulysses is not None:
+            if not use_remove_padding:
+                raise ValueError(f"{name}: ulysses_sequence_parallel_size={ulysses.sp_size} needs "
+                                 "use_remove_padding=True (the packed sequence is what is split across ranks)")
+            if dp_group is None:
+                dp_group = ulysses.dp_group
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.dp_group = dp_group if dp_group is not None else _default_dp_group()
@@ -95,6 +106,14 @@ class FSDPEngine(TrainEngine):
                                 target_modules=config.target_modules, exclude_modules=config.exclude_modules)
         if trainable and config.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
+        ulysses = None
+        if config.ulysses_sequence_parallel_size > 1:
+            hf_config = module.config
+            check_ulysses_size(config.ulysses_sequence_parallel_size, dist.get_world_size(),
+                               getattr(hf_config, "num_attention_heads", None),
+                               getattr(hf_config, "num_key_value_heads", None),
+                               key=f"{config.name}.ulysses_sequence_parallel_size")
+            ulysses = init_ulysses_groups(config.ulysses_sequence_parallel_size)
         module = apply_fsdp2(module, config.fsdp, device_mesh)
         optimizer = scheduler = None
         if trainable:
@@ -103,7 +122,7 @@ class FSDPEngine(TrainEngine):
         engine = cls(module, optimizer, scheduler, use_remove_padding=config.use_remove_padding,
                      grad_clip=config.grad_clip, param_offload=config.param_offload,
                      optimizer_offload=config.optimizer_offload, checkpoint_config=config.checkpoint,
-                     tokenizer=tokenizer, name=config.name)
+                     tokenizer=tokenizer, name=config.name, ulysses=ulysses)
         engine.offload()
         return engine
 
@@ -122,6 +141,8 @@ class FSDPEngine(TrainEngine):
         return getattr(self.module, "config", None)
 
     def forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
+        if self.ulysses is not None:
+            return self._sp_forward_micro_batch(micro, outputs, temperature, entropy_grad)
         out = {}
         if "log_probs" in outputs or "entropy" in outputs:
             entropy, log_probs = forward_log_probs(self.module, micro, temperature, "entropy" in outputs,
@@ -134,6 +155,28 @@ class FSDPEngine(TrainEngine):
         if "scores" in outputs:
             out["scores"] = forward_scores(self.module, micro)
         return out
+
+    def _sp_forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
+        group, out = self.ulysses.sp_group, {}
+        if "scores" in outputs:
+            raise NotImplementedError(f"{self.name}: sequence-classifier scores are not computed with "
+                                      "ulysses_sequence_parallel_size > 1; use 1 for a reward model")
+        with ulysses_attention_active(self.module):
+            if "log_probs" in outputs or "entropy" in outputs:
+                entropy, out["log_probs"] = sp_forward_log_probs(self.module, micro, group, temperature,
+                                                                 "entropy" in outputs, entropy_grad)
+                if entropy is not None:
+                    out["entropy"] = entropy
+            if "values" in outputs:
+                out["values"] = sp_forward_values(self.module, micro, group)
+        return out
+
+    def forward_backward(self, micro, loss_fn, spec, ctx, weight):
+        if self.ulysses is None:
+            return super().forward_backward(micro, loss_fn, spec, ctx, weight)
+        # the backward (recomputed layers under gradient checkpointing included) attends over the sp group too
+        with ulysses_attention_active(self.module):
+            return super().forward_backward(micro, loss_fn, spec, ctx, weight)
 
     def train_mode(self, training: bool) -> None:
         self.module.train(training)

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
 from verl.utils.device import get_device_name
+from verl.utils.hf_experts import unfuse_expert_weights
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
                                    quiet_rotary_reload_warning, shutdown_llm)
 
@@ -187,8 +188,8 @@ class vLLMRollout(BaseRollout):
         seen_lm_head = False
         embed = None
         count = nbytes = 0
-        for name, tensor in named_tensors:
-            name = _plain_name(name)
+        # fused MoE experts (transformers 5) go out as the per-expert matrices vLLM's loaders name
+        for name, tensor in unfuse_expert_weights((_plain_name(n), t) for n, t in named_tensors):
             if name.endswith("rotary_emb.inv_freq"):
                 continue
             tensor = tensor.detach()
