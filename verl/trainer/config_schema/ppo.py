@@ -14,7 +14,7 @@ from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, key, section
 
 TRUNCATIONS = ("error", "left", "right", "middle")
-LOGGERS = ("console", "file", "tensorboard", "wandb")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cuda", "npu", "cpu")
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -186,7 +186,8 @@ class TrainerConfig(Section):
     total_training_steps: Optional[int] = key(None, "steps (null: epochs x batches)", ge=1, read_in=(TRAINER,))
     project_name: str = key("verl_examples", "tracker project", read_in=(TRAINER,))
     experiment_name: str = key("gsm8k", "tracker run name", read_in=(TRAINER,))
-    logger: Union[str, list] = key(["console", "wandb"], "console | file | tensorboard | wandb", items=LOGGERS,
+    logger: Union[str, list] = key(["console", "wandb"], "console | file | tensorboard | wandb | mlflow | swanlab",
+                                   items=LOGGERS,
                                    read_in=(TRAINER, TRACKING))
     log_val_generations: int = key(0, "validation samples shown per validation", ge=0, read_in=(VALIDATION,))
     rollout_data_dir: Optional[str] = key(None, "write each step's samples as JSONL here", read_in=(VALIDATION,))
