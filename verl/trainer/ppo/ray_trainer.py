@@ -46,7 +46,6 @@ from verl.single_controller.ray import (
     RayClassWithInitArgs,
     RayWorkerGroup,
     ResourcePoolManager,
-    Role,
     create_colocated_worker_cls,
 )
 from verl.trainer.ppo import core_algos
@@ -68,6 +67,7 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.reward import compute_reward, compute_reward_async
 from verl.trainer.ppo.rollout_corr import compute_rollout_is_weights, on_policy_metrics
 from verl.trainer.ppo.utils import (
+    Role,
     entropy_metric,
     need_critic,
     need_reference_policy,
