@@ -15,7 +15,8 @@ outputs into the batch layout of ``generate_sequences`` plus:
 
 ``response_mask``  1 on tokens the model sampled, 0 on tool / user tokens inside the response (they get no loss)
 ``rollout_log_probs``  the engine's log-prob of every sampled token (0 on tool / user tokens)
-``__num_turns__``, ``__tool_calls__``, ``__tool_errors__``  per-sample counts (non-tensor fields, for metrics)
+``__num_turns__``, ``__tool_calls__``, ``__tool_errors__``, ``__tool_rewards__``, ``__turn_scores__``  per-sample
+values (non-tensor fields, for metrics); anything else a loop puts in ``extra_fields`` is in ``__extra_fields__``
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ def load_agent_loop_config(path: str) -> dict[str, dict]:
         register(str(entry["name"]))(cls)
         kwargs_by_name[str(entry["name"])] = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
     return kwargs_by_name
+
+
+# per-sample fields every packed batch carries (as ``__name__`` non-tensor columns), with their defaults
+_STANDARD_FIELDS = {"tool_calls": 0, "tool_errors": 0, "tool_rewards": 0.0, "turn_scores": []}
 
 
 class AgentLoopMetrics(BaseModel):
@@ -271,14 +276,14 @@ class AgentLoopWorker:
                     logps[row, :k] = torch.tensor(out.response_logprobs[:k], dtype=torch.float32)
             logps[row] *= response_mask[row].float()
             num_turns[row] = out.num_turns
+            # the same columns on every rank (the batch is concatenated across workers): the standard fields, and
+            # whatever else a loop reports in one dict per sample
             fields = dict(out.extra_fields)
-            fields.setdefault("tool_calls", 0)
-            fields.setdefault("tool_errors", 0)
-            fields["unknown_agent"] = unknown[row // n]
-            fields["generate_s"] = out.metrics.generate_sequences
-            fields["tool_s"] = out.metrics.tool_calls
-            for key in set(extra) | set(fields):
-                extra.setdefault(key, [None] * row).append(fields.get(key))
+            packed = {key: fields.pop(key, default) for key, default in _STANDARD_FIELDS.items()}
+            packed.update(unknown_agent=unknown[row // n], generate_s=out.metrics.generate_sequences,
+                          tool_s=out.metrics.tool_calls, extra_fields=fields)
+            for key, value in packed.items():
+                extra.setdefault(key, []).append(value)
         attention_mask = torch.cat([prompt_attn, response_attn], dim=-1)
         position_ids = torch.clamp(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
         batch = {"prompts": prompt_ids, "responses": responses, "input_ids": torch.cat([prompt_ids, responses], -1),
