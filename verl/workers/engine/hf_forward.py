@@ -114,8 +114,14 @@ def forward_scores(module: nn.Module, micro_batch) -> torch.Tensor:
     captured = {}
     handle = _score_head(module).register_forward_hook(lambda _m, _inp, out: captured.__setitem__("out", out))
     try:
-        module(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"],
-               position_ids=micro_batch["position_ids"], use_cache=False)
+        out = module(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"],
+                     position_ids=micro_batch["position_ids"], use_cache=False)
     finally:
         handle.remove()
-    return captured["out"][..., 0].float()
+    scores = captured["out"][..., 0].float()
+    logits = getattr(out, "logits", None)
+    if torch.is_grad_enabled() and isinstance(logits, torch.Tensor) and logits.requires_grad:
+        # training a reward model: FSDP2 re-gathers parameters for backward (and reduces gradients after it)
+        # from hooks on the model's own output, so the result must depend on that output (by zero)
+        scores = scores + 0.0 * logits.sum()
+    return scores
