@@ -1,8 +1,9 @@
 """Megatron workers: the FSDP workers' roles with Megatron's data-parallel dispatch.
 
 The roles, their methods and their losses are those of ``verl.workers.fsdp_workers`` (``actor``, ``rollout``,
-``ref``, ``actor_rollout``, ``actor_rollout_ref``; ``CriticWorker``); the engine is chosen by
-``strategy=megatron`` (``verl.workers.engine.megatron``). What changes is how batches reach the processes:
+``ref``, ``actor_rollout``, ``actor_rollout_ref``; ``CriticWorker``), whose training-engine calls already
+dispatch by data-parallel rank (the ``actor`` / ``critic`` meshes); the engine is chosen by
+``strategy=megatron`` (``verl.workers.engine.megatron``). What changes is the layout of those meshes:
 the ``tensor_model_parallel_size x pipeline_model_parallel_size`` processes of one data-parallel rank hold one
 model replica between them, so they all receive that rank's chunk, and the result of the chunk is taken from
 one of them (tensor rank 0 of the last pipeline stage, where outputs are computed). Per-device batch sizes
@@ -18,19 +19,13 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from verl.protocol import DataProto
-from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
 from verl.workers import fsdp_workers
 from verl.workers.config_utils import per_device_micro_size, ppo_batch_sizes
 from verl.workers.engine import MicroBatchSpec
 from verl.workers.rollout.utils import cfg_get
-from verl.workers.worker_utils import init_distributed
 
 __all__ = ["ActorRolloutRefWorker", "AsyncActorRolloutRefWorker", "CriticWorker", "RewardModelWorker",
            "megatron_grid"]
-
-_ACTOR_MESH = make_nd_compute_dataproto_dispatch_fn("actor")
-_CRITIC_MESH = make_nd_compute_dataproto_dispatch_fn("critic")
 
 
 def megatron_grid(megatron_cfg, world: int, prefix: str) -> dict:
@@ -51,49 +46,29 @@ def megatron_grid(megatron_cfg, world: int, prefix: str) -> dict:
 class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
     """The FSDP worker's roles on Megatron engines; see the module docstring."""
 
+    def _megatron_grid(self) -> dict:
+        section = "actor" if self._is_actor or not self._is_ref else "ref"
+        return megatron_grid(cfg_get(self.config.get(section), "megatron", None), dist.get_world_size(),
+                             f"actor_rollout_ref.{section}")
+
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        # the FSDP worker declares its own data-parallel layout for the "actor" mesh; here it is Megatron's
+        grid = self._megatron_grid()
+        super()._register_dispatch_collect_info(mesh_name, grid["dp_rank"], grid["collect"])
+
     def __init__(self, config, role: str, **kwargs):
         super().__init__(config, role, **kwargs)
-        section = "actor" if self._is_actor or not self._is_ref else "ref"
-        prefix = f"actor_rollout_ref.{section}"
-        grid = megatron_grid(cfg_get(self.config.get(section), "megatron", None), dist.get_world_size(), prefix)
-        self.grid = grid
-        self.mcore_dp = grid["dp"]
+        self.grid = self._megatron_grid()
+        self.dp_size = self.grid["dp"]  # ranks holding different rows: per-device sizes divide by it
         if self._is_actor:
             self.actor_batch_sizes = ppo_batch_sizes(self.config.get("actor"), rollout_n=self.rollout_n,
-                                                     dp_size=self.mcore_dp, prefix="actor_rollout_ref.actor")
+                                                     dp_size=self.dp_size, prefix="actor_rollout_ref.actor")
         for name in list(self._log_prob_micro):
-            sub = self.config.get(name)
-            if sub is not None:
-                self._log_prob_micro[name] = self._log_prob_spec(sub, f"actor_rollout_ref.{name}")
+            if self._ref_in_actor and name == "ref":
+                continue
+            self._log_prob_micro[name] = self._log_prob_spec(self.config.get(name), f"actor_rollout_ref.{name}")
         if self._ref_in_actor and "rollout" in self._log_prob_micro:
             self._log_prob_micro["ref"] = self._log_prob_micro["rollout"]
-        self._register_dispatch_collect_info("actor", dp_rank=grid["dp_rank"], is_collect=grid["collect"])
-
-    def _log_prob_spec(self, section, prefix: str) -> MicroBatchSpec:
-        # called by the FSDP worker's __init__ before self.mcore_dp exists: its result is then recomputed
-        dp = getattr(self, "mcore_dp", None)
-        if dp is None:
-            return MicroBatchSpec(micro_batch_size=None, use_dynamic_bsz=True, max_token_len=1)
-        from verl.workers.config_utils import log_prob_micro_size
-
-        actor_cfg = self.config.get("actor")
-        dynamic = bool(cfg_get(section, "log_prob_use_dynamic_bsz", cfg_get(actor_cfg, "use_dynamic_bsz", False)))
-        return MicroBatchSpec(
-            micro_batch_size=log_prob_micro_size(section, dp, prefix, dynamic), use_dynamic_bsz=dynamic,
-            max_token_len=int(cfg_get(section, "log_prob_max_token_len_per_gpu",
-                                      cfg_get(actor_cfg, "ppo_max_token_len_per_gpu", 16384))))
-
-    @register(dispatch_mode=_ACTOR_MESH)
-    def compute_log_prob(self, data: DataProto) -> DataProto:
-        return super().compute_log_prob(data)
-
-    @register(dispatch_mode=_ACTOR_MESH)
-    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        return super().compute_ref_log_prob(data)
-
-    @register(dispatch_mode=_ACTOR_MESH)
-    def update_actor(self, data: DataProto) -> DataProto:
-        return super().update_actor(data)
 
 
 AsyncActorRolloutRefWorker = ActorRolloutRefWorker
@@ -102,28 +77,21 @@ AsyncActorRolloutRefWorker = ActorRolloutRefWorker
 class CriticWorker(fsdp_workers.CriticWorker):
     """The FSDP critic's methods on a Megatron engine (value head on the last stage)."""
 
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        grid = megatron_grid(cfg_get(self.config, "megatron", None), dist.get_world_size(), "critic")
+        super()._register_dispatch_collect_info(mesh_name, grid["dp_rank"], grid["collect"])
+
     def __init__(self, config, **kwargs):
         super().__init__(config, **kwargs)
-        init_distributed()
-        grid = megatron_grid(cfg_get(self.config, "megatron", None), dist.get_world_size(), "critic")
-        self.grid = grid
-        self.mcore_dp = grid["dp"]
+        self.grid = megatron_grid(cfg_get(self.config, "megatron", None), dist.get_world_size(), "critic")
+        self.dp_size = self.grid["dp"]
         rollout_n = int(cfg_get(self.config, "rollout_n", 1))
-        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=rollout_n, dp_size=self.mcore_dp, prefix="critic")
+        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=rollout_n, dp_size=self.dp_size, prefix="critic")
         forward_micro = per_device_micro_size(self.config, "forward_micro_batch_size",
-                                              "forward_micro_batch_size_per_gpu", self.mcore_dp, "critic")
+                                              "forward_micro_batch_size_per_gpu", self.dp_size, "critic")
         self.forward_micro = MicroBatchSpec(
             micro_batch_size=forward_micro if forward_micro is not None else self.batch_sizes.micro_batch_size,
             use_dynamic_bsz=self.forward_micro.use_dynamic_bsz, max_token_len=self.forward_micro.max_token_len)
-        self._register_dispatch_collect_info("critic", dp_rank=grid["dp_rank"], is_collect=grid["collect"])
-
-    @register(dispatch_mode=_CRITIC_MESH)
-    def compute_values(self, data: DataProto) -> DataProto:
-        return super().compute_values(data)
-
-    @register(dispatch_mode=_CRITIC_MESH)
-    def update_critic(self, data: DataProto) -> DataProto:
-        return super().update_critic(data)
 
 
 class RewardModelWorker(fsdp_workers.RewardModelWorker):
