@@ -3,7 +3,8 @@
 - PPO with GAE + critic: verl's quickstart command line (rollout.name=hf), 2 steps;
 - GRPO: rollout.n=4, KL as a loss (reference policy in its own worker group), 2 steps;
 - split placement: actor/rollout/ref on one process, critic on the other (Python API, verl's example);
-- checkpoint, kill the run, resume: the resumed steps log the same metrics as an uninterrupted run.
+- checkpoint, kill the run (SIGKILL, during a checkpoint write), resume: the resumed steps log the same metrics as
+  an uninterrupted run.
 
 Each run is a subprocess in its own directory (its own Ray instance); metrics come from the `file` logger.
 """
@@ -190,6 +191,22 @@ def _comparable(m):
             and not k.endswith("_s")}
 
 
+def _kill_session(sid):
+    """SIGKILL every process of session ``sid`` until none is left."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        out = subprocess.run(["ps", "-eo", "pid=,sid=,stat="], capture_output=True, text=True).stdout
+        pids = [int(p) for p, s, st in (ln.split() for ln in out.splitlines()) if int(s) == sid and "Z" not in st]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+
+
 def test_checkpoint_kill_resume_identical_metrics(assets, tmp_path):
     # 16 prompts, batch 8: 2 steps per epoch, so the resumed part also crosses an epoch boundary
     args = quickstart_args(assets, steps=4) + [
@@ -199,23 +216,25 @@ def test_checkpoint_kill_resume_identical_metrics(assets, tmp_path):
     full = run_main(tmp_path / "full", args)
     assert sorted(full) == [1, 2, 3, 4]
 
-    # the same run, killed once step 2's checkpoint is complete
+    # the same run, driver and workers killed (SIGKILL) in the middle of step 4's checkpoint write
     run = tmp_path / "killed"
     run.mkdir()
-    marker = run / "checkpoints" / "verl_examples" / "gsm8k" / "latest_checkpointed_iteration.txt"
+    ckpt = run / "checkpoints" / "verl_examples" / "gsm8k"
+    marker = ckpt / "latest_checkpointed_iteration.txt"
     with open(run / "log.txt", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=run, env=_env(run),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 900
-        while time.time() < deadline and proc.poll() is None:
-            if marker.exists() and marker.read_text() == "2":
-                break
-            time.sleep(0.2)
+        while time.time() < deadline and proc.poll() is None and not (ckpt / "global_step_4").exists():
+            time.sleep(0.02)
         assert proc.poll() is None, "the run ended before it could be killed:\n" + (run / "log.txt").read_text()[-4000:]
-        os.killpg(proc.pid, signal.SIGKILL)
+        # the driver and every process of its run (its own Ray: GCS, raylet, TaskRunner, workers) at once; a
+        # process-group kill would leave Ray's daemons and the TaskRunner training on for a while
+        _kill_session(proc.pid)
         proc.wait(timeout=60)
     killed = read_metrics(run)
     assert 4 not in killed
+    assert marker.read_text() == "2"  # step 4's checkpoint was cut short: step 2 stays the one to resume from
 
     # resume (trainer.resume_mode=auto) in the same directory: continues at step 3
     (run / "metrics.jsonl").unlink()
