@@ -14,11 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import os
+
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
+from transformers import AutoConfig
+
+from verl.utils.config import ConfigError
 
 __all__ = ["UlyssesGroups", "init_ulysses_groups", "seq_to_head", "head_to_seq", "gather_seq", "slice_seq",
-           "check_ulysses_size"]
+           "check_ulysses_size", "check_ulysses_config"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,53 @@ def check_ulysses_size(sp_size: int, world_size: int, num_heads: int | None = No
         if n is not None and n % sp_size:
             raise ValueError(f"{key}={sp_size} must divide the model's number of {what} ({n}): each rank "
                              f"attends with {n}/{key} heads; use a divisor of {n}")
+
+
+def _model_heads(path) -> tuple[int | None, int | None]:
+    path = os.path.expanduser(str(path))
+    if not os.path.isdir(path):
+        return None, None  # a hub id or missing directory: the model-path check reports it
+    cfg = AutoConfig.from_pretrained(path)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    heads = getattr(cfg, "num_attention_heads", None)
+    return heads, getattr(cfg, "num_key_value_heads", None) or heads
+
+
+def check_ulysses_config(config, n_gpus: int, use_critic: bool, check_files: bool = True) -> None:
+    """Before workers start: ``ulysses_sequence_parallel_size`` of the actor (the reference follows it) and the
+    critic must divide the number of processes and the model's heads, run on the FSDP engine and come with
+    ``use_remove_padding``. Raises ``ConfigError`` naming the key."""
+    actor_sp = OmegaConf.select(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", default=1)
+    ref_sp = OmegaConf.select(config, "actor_rollout_ref.ref.ulysses_sequence_parallel_size", default=actor_sp)
+    if ref_sp != actor_sp:
+        raise ConfigError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp} differs from "
+                          f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={actor_sp}: the reference runs in "
+                          "the actor's processes with the actor's groups; leave it unset (it follows the actor)")
+    roles = [("actor_rollout_ref.actor", "actor_rollout_ref.model")]
+    if use_critic:
+        roles.append(("critic", "critic.model"))
+    for prefix, model in roles:
+        key = f"{prefix}.ulysses_sequence_parallel_size"
+        sp = int(OmegaConf.select(config, key, default=1) or 1)
+        if sp == 1:
+            continue
+        strategy = OmegaConf.select(config, f"{prefix}.strategy", default="fsdp")
+        if strategy not in ("fsdp", "fsdp2"):
+            raise ConfigError(f"{key}={sp} needs {prefix}.strategy=fsdp or fsdp2 (got {strategy!r}); the Megatron "
+                              f"engine splits sequences its own way; set {key}=1")
+        remove_padding = OmegaConf.select(config, f"{prefix}.use_remove_padding", default=None)
+        if remove_padding is None:
+            remove_padding = OmegaConf.select(config, f"{model}.use_remove_padding", default=False)
+        if not remove_padding:
+            raise ConfigError(f"{key}={sp} needs {model}.use_remove_padding=True: the packed sequence (padding "
+                              "removed) is what is split across ranks")
+        heads = kv_heads = None
+        if check_files:
+            heads, kv_heads = _model_heads(OmegaConf.select(config, f"{model}.path"))
+        try:
+            check_ulysses_size(sp, n_gpus, heads, kv_heads, key=key)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def init_ulysses_groups(sp_size: int) -> UlyssesGroups:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from verl.experimental.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
-from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.device import get_device_name
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -57,6 +57,20 @@ __all__ = ["ActorRolloutRefWorker", "AsyncActorRolloutRefWorker", "CriticWorker"
 logger = logging.getLogger(__name__)
 
 _ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+# training-engine calls follow the data-parallel rank: with Ulysses sequence parallel (sp > 1) the sp ranks of one
+# group get the same rows and the first of them returns the group's result (sp = 1: one chunk per rank, as ever)
+_ACTOR_DP = make_nd_compute_dataproto_dispatch_fn("actor")
+_CRITIC_DP = make_nd_compute_dataproto_dispatch_fn("critic")
+
+
+def _register_sp_dispatch(worker: Worker, mesh: str, role_cfg) -> int:
+    """Declare this rank's dp rank for ``mesh`` from ``<role>.ulysses_sequence_parallel_size``; returns the dp size."""
+    sp = int(cfg_get(role_cfg, "ulysses_sequence_parallel_size", 1) or 1)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % sp:
+        raise ValueError(f"ulysses_sequence_parallel_size={sp} must divide the number of processes ({world})")
+    worker._register_dispatch_collect_info(mesh, dp_rank=rank // sp, is_collect=rank % sp == 0)
+    return world // sp
 
 
 # ------------------------------------------------------------------------------------ actor/rollout/ref
@@ -87,10 +101,10 @@ class ActorRolloutRefWorker(Worker):
             self._is_ref = True
 
         init_distributed()
-        self.dp_size = dist.get_world_size()
-        self.rollout_n = int(cfg_get(self.config.get("rollout"), "n", 1))
         prefix = "actor_rollout_ref"
         actor_cfg = self.config.get("actor")
+        self.dp_size = _register_sp_dispatch(self, "actor", actor_cfg)  # ranks that hold different rows
+        self.rollout_n = int(cfg_get(self.config.get("rollout"), "n", 1))
         self.actor_batch_sizes = None
         if self._is_actor:
             self.actor_batch_sizes = ppo_batch_sizes(actor_cfg, rollout_n=self.rollout_n, dp_size=self.dp_size,
@@ -137,7 +151,7 @@ class ActorRolloutRefWorker(Worker):
         self.generation_config = get_generation_config(self._model_path(), trust)
         actor_cfg = self.config.get("actor")
         fsdp_size = int(cfg_get(cfg_get(actor_cfg, "fsdp_config"), "fsdp_size", -1))
-        self.device_mesh = build_device_mesh(self.dp_size, fsdp_size)
+        self.device_mesh = build_device_mesh(dist.get_world_size(), fsdp_size)  # FSDP shards over every rank
 
         if self._is_actor:
             self.actor_engine = self._build_engine(actor_engine_config(self.config))
@@ -233,7 +247,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = spec.use_dynamic_bsz
         data.meta_info["temperature"] = float(cfg_get(self.config.get("rollout"), "temperature", 1.0))
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=_ACTOR_DP)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Trainer-engine logprobs of the responses -> ``old_log_probs`` and ``entropys``."""
         if not self._is_actor:
@@ -245,7 +259,7 @@ class ActorRolloutRefWorker(Worker):
             tensors["entropys"] = entropys
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=_ACTOR_DP)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Reference-policy logprobs -> ``ref_log_prob`` (LoRA actors: adapters disabled)."""
         if not self._is_ref:
@@ -257,7 +271,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     # --------------------------------------------------------------------------------------- update
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=_ACTOR_DP)
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update over ``data`` (mini-batches x ppo_epochs); returns ``meta_info["metrics"]``."""
         if not self._is_actor:
@@ -318,7 +332,7 @@ class CriticWorker(Worker):
         super().__init__()
         self.config = read_only_config(config)
         init_distributed()
-        self.dp_size = dist.get_world_size()
+        self.dp_size = _register_sp_dispatch(self, "critic", self.config)
         rollout_n = int(cfg_get(self.config, "rollout_n", 1))
         self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=rollout_n, dp_size=self.dp_size, prefix="critic")
         forward_micro = per_device_micro_size(self.config, "forward_micro_batch_size",
@@ -338,7 +352,7 @@ class CriticWorker(Worker):
         trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
         self.tokenizer = load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or engine_config.model_path, trust)
         fsdp_size = int(cfg_get(cfg_get(model_cfg, "fsdp_config"), "fsdp_size", -1))
-        self.device_mesh = build_device_mesh(self.dp_size, fsdp_size)
+        self.device_mesh = build_device_mesh(dist.get_world_size(), fsdp_size)
         self.engine = get_engine_cls(engine_config.strategy).build(engine_config, self.device_mesh,
                                                                   tokenizer=self.tokenizer)
         self.critic = DataParallelPPOCritic(config=self.config, engine=self.engine, batch_sizes=self.batch_sizes)
@@ -347,7 +361,7 @@ class CriticWorker(Worker):
     def critic_module(self):
         return getattr(self.engine, "module", None)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=_CRITIC_DP)
     def compute_values(self, data: DataProto) -> DataProto:
         """V(s_t) for every response position -> ``values`` (B, R)."""
         data.meta_info["micro_batch_size"] = self.forward_micro.micro_batch_size
@@ -356,7 +370,7 @@ class CriticWorker(Worker):
         values = self.critic.compute_values(data=data)
         return DataProto.from_dict(tensors={"values": values})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=_CRITIC_DP)
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
         metrics = dict(self.critic.update_critic(data=data))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, NO_ULYSSES, STRATEGIES,
+from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, STRATEGIES,
                                                CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig,
                                                RefFSDPConfig)
 from verl.trainer.config_schema.places import LOSS, MAIN, MODEL, TRAINER, WORKERS
@@ -105,7 +105,9 @@ class ActorConfig(Section):
     use_remove_padding: bool = key(False, "pack sequences without padding",
                                    follows="actor_rollout_ref.model.use_remove_padding", read_in=(WORKERS,))
     grad_clip: Optional[float] = key(1.0, "max gradient norm (null: optim.clip_grad)", ge=0, read_in=(WORKERS,))
-    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1, unsupported=NO_ULYSSES)
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size (needs use_remove_padding)",
+                                              ge=1,
+                                              read_in=(WORKERS,))
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     calculate_sum_pi_squared: bool = key(False, "sum of squared probabilities", unsupported="not available; use False")
@@ -140,7 +142,7 @@ class RefConfig(Section):
                                               read_in=(WORKERS,))
     ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1,
                                               follows="actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-                                              unsupported=NO_ULYSSES)
+                                              read_in=(WORKERS,))
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)

@@ -72,7 +72,9 @@ class CriticConfig(Section):
     cliprange_value: float = key(0.5, "value clip range", ge=0, read_in=(WORKERS,))
     loss_agg_mode: str = key("token-mean", "how token losses are averaged", choices=LOSS_AGG_MODES,
                              follows="actor_rollout_ref.actor.loss_agg_mode", read_in=(WORKERS,))
-    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1, unsupported=NO_ULYSSES)
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size (needs use_remove_padding)",
+                                              ge=1,
+                                              read_in=(WORKERS,))
     grad_clip: Optional[float] = key(1.0, "max gradient norm (null: optim.clip_grad)", ge=0, read_in=(WORKERS,))
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     optim: CriticOptimConfig = section(CriticOptimConfig)

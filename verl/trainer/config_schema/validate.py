@@ -32,6 +32,7 @@ from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
 from verl.utils.config import ConfigError, unresolved_value
 from verl.utils import device as device_utils
 from verl.utils.device import resolve_device
+from verl.utils.ulysses import check_ulysses_config
 
 __all__ = ["ConfigError", "PPOPlan", "validate_ppo_config", "typed_ppo_config", "need_critic"]
 
@@ -302,12 +303,16 @@ def _batch_sizes(config: DictConfig, n_gpus: int, use_critic: bool, use_ref: boo
                  f"Choose {prefix}.ppo_mini_batch_size among the divisors of {train_bsz}.")
         if not _get(config, f"{prefix}.use_dynamic_bsz"):
             check_mutually_exclusive(config, prefix, "ppo_micro_batch_size")
-        return normalized_batch_sizes(OmegaConf.select(config, prefix), n, n_gpus, prefix=prefix + ".")
+        return normalized_batch_sizes(OmegaConf.select(config, prefix), n, dp_ranks(prefix), prefix=prefix + ".")
+
+    def dp_ranks(prefix: str) -> int:  # Ulysses: the ranks of one sequence-parallel group share their rows
+        sp_key = f"{AR}.actor" if prefix == f"{AR}.rollout" else prefix
+        return n_gpus // int(_get(config, f"{sp_key}.ulysses_sequence_parallel_size", 1) or 1)
 
     def log_prob_role(prefix: str) -> NormalizedBatchSizes:
         if not _get(config, f"{prefix}.log_prob_use_dynamic_bsz"):
             check_mutually_exclusive(config, prefix, "log_prob_micro_batch_size")
-        return normalized_batch_sizes(OmegaConf.select(config, prefix), n, n_gpus, prefix=prefix + ".")
+        return normalized_batch_sizes(OmegaConf.select(config, prefix), n, dp_ranks(prefix), prefix=prefix + ".")
 
     sizes = {"actor": ppo_role(f"{AR}.actor"), "rollout": log_prob_role(f"{AR}.rollout")}
     if use_ref:
@@ -373,6 +378,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     if estimator in ("grpo", "rloo", "grpo_passk", "reinforce_plus_plus_baseline") and _get(config, f"{AR}.rollout.n") == 1:
         print(f"warning: algorithm.adv_estimator={estimator} with {AR}.rollout.n=1: "
               "group baselines need several samples per prompt (e.g. rollout.n=4)")
+    check_ulysses_config(config, n_gpus, use_critic, check_files)
     sizes = _batch_sizes(config, n_gpus, use_critic, use_reference_policy and not ref_in_actor, use_rm)
 
     if use_kl_loss and use_kl_in_reward:

@@ -98,6 +98,14 @@ def _grad_clip(role_cfg: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _sp_size(role_cfg: Any, default: int = 1) -> int:
+    """``<role>.ulysses_sequence_parallel_size`` (verl also accepts it under ``fsdp_config``)."""
+    value = _get(role_cfg, "ulysses_sequence_parallel_size")
+    if value is None:
+        value = _get(role_cfg, "fsdp_config.ulysses_sequence_parallel_size", default)
+    return int(value)
+
+
 def actor_engine_config(arr_cfg: Any) -> EngineConfig:
     """The trainable policy of ``actor_rollout_ref`` (``model.*`` + ``actor.*``)."""
     model, actor = _get(arr_cfg, "model"), _get(arr_cfg, "actor")
@@ -112,6 +120,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
         grad_clip=_grad_clip(actor), checkpoint=plain(_get(actor, "checkpoint")),
         megatron=plain(_get(actor, "megatron")) or {},
+        ulysses_sequence_parallel_size=_sp_size(actor),
         **_common(model, _get(actor, "fsdp_config")),
     )
 
@@ -123,6 +132,7 @@ def ref_engine_config(arr_cfg: Any) -> EngineConfig:
                                                           _get(model, "use_remove_padding", False)))
     return EngineConfig(name="ref", strategy=str(_get(ref, "strategy", "fsdp")), model_kind="causal_lm",
                         use_remove_padding=bool(remove_padding), megatron=plain(_get(ref, "megatron")) or {},
+                        ulysses_sequence_parallel_size=_sp_size(ref, _sp_size(actor)),
                         **_common(model, _get(ref, "fsdp_config")))
 
 
@@ -140,6 +150,7 @@ def critic_engine_config(critic_cfg: Any) -> EngineConfig:
         optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
         grad_clip=_grad_clip(critic_cfg), checkpoint=plain(_get(critic_cfg, "checkpoint")),
         megatron=plain(_get(critic_cfg, "megatron")) or {},
+        ulysses_sequence_parallel_size=_sp_size(critic_cfg),
         **_common(model, _get(model, "fsdp_config")),
     )
 
