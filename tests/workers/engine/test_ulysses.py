@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "actor"))
-from engine_testlib import make_batch, run_distributed, tiny_model  # noqa: E402
+from engine_testlib import make_batch, run_distributed, tiny_config, tiny_model  # noqa: E402
+from transformers import Qwen2ForTokenClassification  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2  # noqa: E402
@@ -85,6 +86,31 @@ def test_sp2_matches_one_process(tmp_path, world):
     assert moved > 1e-3  # the step did something, so agreement below means something
     for name, p in want_params.items():
         torch.testing.assert_close(got_params[name], p, **TOL, msg=name)
+
+
+def _value_model():
+    torch.manual_seed(6)
+    cfg = tiny_config()
+    cfg.num_labels, cfg._attn_implementation = 1, "sdpa"
+    return Qwen2ForTokenClassification(cfg).float()
+
+
+def _values_worker(rank, world, out_dir):
+    groups = init_ulysses_groups(2)
+    engine = FSDPEngine(apply_fsdp2(_value_model(), {}), use_remove_padding=True, ulysses=groups)
+    values = engine.infer(_data(seed=3), ("values",), MicroBatchSpec(4))["values"]
+    torch.save(values, os.path.join(out_dir, f"values{rank}.pt"))
+
+
+def test_sp2_critic_values_match_one_process(tmp_path):
+    run_distributed(_values_worker, 2, str(tmp_path), err_dir=str(tmp_path))
+    data = _data(seed=3)
+    want = FSDPEngine(_value_model(), use_remove_padding=True).infer(data, ("values",), MicroBatchSpec(4))["values"]
+    mask = data.batch["response_mask"].bool()
+    for rank in range(2):
+        got = torch.load(tmp_path / f"values{rank}.pt")
+        torch.testing.assert_close(got[mask], want[mask], **TOL)
+    assert want[mask].abs().max() > 0
 
 
 def test_size_checks_name_the_key():
