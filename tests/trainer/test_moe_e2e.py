@@ -125,7 +125,7 @@ def test_moe_grpo_vllm_rollout_matches_trainer(tmp_path):
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.rollout.max_num_seqs=64", "algorithm.use_kl_in_reward=False",
         f"custom_reward_function.path={tmp_path / 'reward.py'}", "trainer.logger=[console,file]",
-        "trainer.val_before_train=False", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+        "trainer.val_before_train=False", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
         "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.total_training_steps=2",
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",

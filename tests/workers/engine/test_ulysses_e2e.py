@@ -82,7 +82,8 @@ def test_sp2_config_is_accepted(assets):
      r"critic\.ulysses_sequence_parallel_size=2 needs critic\.model\.use_remove_padding=True"),
     (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "trainer.n_gpus_per_node=4"],
      r"ulysses_sequence_parallel_size=4 must divide the model's number of key/value heads \(2\)"),
-    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1"],
+    (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+      "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1"],
      r"actor_rollout_ref\.ref\.ulysses_sequence_parallel_size"),
 ])
 def test_bad_sp_sizes_are_refused_naming_the_key(assets, extra, pattern):

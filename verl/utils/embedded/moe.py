@@ -22,7 +22,8 @@ __all__ = ["build_moe_config", "build_moe_model", "make_moe_model_dir"]
 
 def build_moe_config(num_experts: int = 4, num_experts_per_tok: int = 2, num_hidden_layers: int = 2,
                      hidden_size: int = 64):
-    """A ``Qwen3MoeConfig``: 4 heads / 2 kv heads of width 32 (vLLM's CPU attention needs >= 32), every layer sparse, top-k weights renormalised."""
+    """A ``Qwen3MoeConfig``: 4 heads / 2 kv heads of width 32 (vLLM's CPU attention needs >= 32), every layer
+    sparse, top-k routing weights renormalised."""
     from transformers import Qwen3MoeConfig
 
     return Qwen3MoeConfig(
