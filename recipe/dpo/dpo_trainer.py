@@ -26,7 +26,7 @@ from verl.protocol import DataProto
 from verl.trainer.preference import REF_KEY, PairwisePreferenceLoss, pairwise_loss, preference_metrics
 from verl.trainer.preference.driver import RecipeDriver
 from verl.utils.config import ConfigError
-from verl.utils.dataset.preference_dataset import PreferenceDataset
+from verl.trainer.preference.dataset import PreferenceDataset
 from verl.utils.metric import reduce_metrics
 from verl.workers.preference_worker import PreferenceWorker
 

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.trainer.preference import REF_KEY, BradleyTerryLoss, PairwisePreferenceLoss, pair_train_spec
-from verl.utils.dataset.preference_dataset import PreferenceDataset
+from verl.trainer.preference.dataset import PreferenceDataset
 from verl.utils.embedded import build_config, load_tokenizer
 from verl.utils.embedded.preferences import make_preference_rows
 from verl.workers.engine import FSDPEngine

@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl.utils.dataset.preference_dataset import (PreferenceDataError, PreferenceDataset,
+from verl.trainer.preference.dataset import (PreferenceDataError, PreferenceDataset,
                                                    UnpairedPreferenceDataset)
 from verl.utils.embedded import load_tokenizer
 from verl.utils.embedded.preferences import make_kto_rows, make_preference_rows, write_preference_files

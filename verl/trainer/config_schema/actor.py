@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, STRATEGIES,
                                                CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig,
                                                RefFSDPConfig)
-from verl.trainer.config_schema.places import LOSS, MAIN, MODEL, TRAINER, WORKERS
+from verl.trainer.config_schema.places import BATCH_SIZES, LOSS, MAIN, MODEL, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -68,7 +68,7 @@ class ActorConfig(Section):
     ppo_mini_batch_size: int = key(256, "prompts per optimizer step (x rollout.n responses)", ge=1,
                                    read_in=(WORKERS,))
     ppo_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch (divided by the ranks)", ge=1,
-                                              read_in=(WORKERS,))
+                                              read_in=(WORKERS, BATCH_SIZES))
     ppo_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per forward/backward on one device/process",
                                                       ge=1, read_in=(WORKERS,))
     use_dynamic_bsz: bool = key(False, "pack micro-batches by token count instead", read_in=(WORKERS,))

@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N
 from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
                                                FSDPConfig, MegatronConfig)
-from verl.trainer.config_schema.places import MAIN, MODEL, REWARD, SCHEMA, TRAINER, WORKERS
+from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, SCHEMA, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 EXTERNAL_LIB = "custom model classes are imported from actor_rollout_ref.model.external_lib; set that instead"
@@ -53,7 +53,7 @@ class CriticConfig(Section):
     rollout_n: int = key(1, "responses per prompt", ge=1, follows=ROLLOUT_N, read_in=(WORKERS,))
     ppo_mini_batch_size: int = key(256, "prompts per optimizer step", ge=1,
                                    follows="actor_rollout_ref.actor.ppo_mini_batch_size", read_in=(WORKERS,))
-    ppo_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
+    ppo_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS, BATCH_SIZES))
     ppo_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per forward/backward on one device/process",
                                                       ge=1, follows=".ppo_micro_batch_size", read_in=(WORKERS,))
     use_dynamic_bsz: bool = key(False, "pack micro-batches by token count",

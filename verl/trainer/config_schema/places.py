@@ -11,6 +11,7 @@ ROLLOUT = "verl/workers/rollout/"
 VLLM = "verl/workers/rollout/vllm_rollout/vllm_rollout.py"
 SGLANG = "verl/workers/rollout/sglang_rollout/sglang_rollout.py"
 FSDP = "verl/utils/fsdp_utils.py"
+BATCH_SIZES = "verl/utils/batch_sizes.py"  # per-rank batch sizes (driver checks and workers)
 CKPT = "verl/utils/checkpoint/"
 MODEL = "verl/utils/model.py"
 TRAINER = "verl/trainer/ppo/ray_trainer.py"

@@ -1,5 +1,5 @@
 """Preference learning pieces shared by the recipes: losses (``losses``), pair layout and engine loss
-functions (``pairs``). Datasets live in ``verl.utils.dataset.preference_dataset``; the worker role in
+functions (``pairs``). Datasets live in ``verl.trainer.preference.dataset``; the worker role in
 ``verl.workers.preference_worker``."""
 
 from verl.trainer.preference.losses import (PAIRWISE_LOSSES, bradley_terry_loss, dpo_sigmoid_loss, generalized_jsd,

@@ -30,7 +30,7 @@ from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step
 from verl.trainer.ppo.utils import Role
 from verl.trainer.preference.pairs import pair_train_spec
 from verl.utils.config import ConfigError
-from verl.utils.dataset.preference_dataset import PreferenceDataset
+from verl.trainer.preference.dataset import PreferenceDataset
 from verl.utils.device import resolve_device
 from verl.utils.tracking import Tracking
 
@@ -224,7 +224,7 @@ def run_recipe(config: DictConfig, driver_cls) -> dict:
     train. Returns the last step's metrics."""
     import sys
 
-    from verl.utils.dataset.preference_dataset import PreferenceDataError
+    from verl.trainer.preference.dataset import PreferenceDataError
     from verl.utils.model import check_model_dir
     from verl.workers.worker_utils import load_tokenizer
 

@@ -32,6 +32,8 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from transformers import AutoConfig
 
 from verl.models.mcore import get_arch
 from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, load_hf_weights
@@ -93,8 +95,6 @@ def check_megatron_settings(cfg: dict, hf_config, prefix: str) -> None:
 
 
 def _hf_config(config: EngineConfig):
-    from transformers import AutoConfig
-
     hf = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
     for k, v in (config.override_config or {}).items():
         if not isinstance(v, dict):
@@ -155,8 +155,6 @@ class MegatronEngine(TrainEngine):
 
             params = [p for p in model.parameters() if p.requires_grad]
             if s["use_distributed_optimizer"] and ps.get_data_parallel_world_size() > 1:
-                from torch.distributed.optim import ZeroRedundancyOptimizer
-
                 plain = build_optimizer(params, config.optim)  # the class and arguments the config names
                 accepted = inspect.signature(type(plain).__init__).parameters
                 kwargs = {k: v for k, v in plain.defaults.items() if k in accepted and k != "params"}
