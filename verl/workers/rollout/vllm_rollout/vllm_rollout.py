@@ -35,7 +35,7 @@ from verl.protocol import DataProto
 from verl.utils.device import get_device_name
 from verl.utils.hf_experts import unfuse_expert_weights
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
-                                   quiet_rotary_reload_warning, shutdown_llm)
+                                   quiet_rotary_reload_warning, quiet_set_num_threads_warning, shutdown_llm)
 
 from ..async_server import TokenOutput
 from ..base import BaseRollout
@@ -159,6 +159,7 @@ class vLLMRollout(BaseRollout):
         self._keep_default_pg = dist.is_available() and dist.is_initialized()
         from vllm import LLM  # optional heavy dependency: imported only when a vLLM rollout is built
 
+        quiet_set_num_threads_warning()
         start = time.perf_counter()
         self.llm = LLM(**self.engine_kwargs)
         self.init_seconds = time.perf_counter() - start
