@@ -141,6 +141,13 @@ def test_vllm_greedy_matches_hf(assets, tmp_path):
     hf, vl = tmp_path / "hf.parquet", tmp_path / "vllm.parquet"
     common = ("data.n_samples=1", "rollout.temperature=0", "rollout.max_num_seqs=8")
     run_generation(gen_cfg(assets, hf, *common))
-    run_generation(gen_cfg(assets, vl, "rollout.name=vllm", *common))
+    # the vLLM engine runs in its own process, as users run it: an in-process vLLM engine would stay in this
+    # pytest process, and tests that fork later (run_distributed) must not inherit its threads
+    args = [f"data.path={assets['data']}", f"data.output_path={vl}", f"model.path={assets['model']}",
+            "rollout.name=vllm", "rollout.dtype=float32", "rollout.prompt_length=32", "rollout.response_length=6",
+            "data.batch_size=2", *common, f"hydra.run.dir={tmp_path / 'hydra'}"]
+    proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_generation", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     hf_rows, vl_rows = pq.read_table(hf).to_pylist(), pq.read_table(vl).to_pylist()
     assert [r["responses"] for r in vl_rows] == [r["responses"] for r in hf_rows]
