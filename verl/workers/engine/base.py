@@ -142,9 +142,21 @@ class TrainEngine(ABC):
     def optimizer_step(self) -> float:
         """Clip, step (skipped on a non-finite norm), zero the gradients; returns the pre-clip gradient norm."""
 
-    @abstractmethod
+    #: set by subclasses that train (None: a forward-only engine)
+    optimizer = None
+    lr_scheduler = None
+
     def lr_scheduler_step(self) -> float:
         """Advance the LR schedule one step; returns the learning rate that the finished step used."""
+        lr = self.current_lr()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return lr
+
+    def current_lr(self) -> float:
+        if self.lr_scheduler is not None and hasattr(self.lr_scheduler, "get_last_lr"):
+            return float(self.lr_scheduler.get_last_lr()[0])
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
 
     @abstractmethod
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -202,17 +202,6 @@ class FSDPEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def lr_scheduler_step(self) -> float:
-        lr = self.current_lr()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        return lr
-
-    def current_lr(self) -> float:
-        if self.lr_scheduler is not None and hasattr(self.lr_scheduler, "get_last_lr"):
-            return float(self.lr_scheduler.get_last_lr()[0])
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
-
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         self.onload()
         try:

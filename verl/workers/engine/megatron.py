@@ -341,17 +341,6 @@ class MegatronEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def lr_scheduler_step(self) -> float:
-        lr = self.current_lr()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
-        return lr
-
-    def current_lr(self) -> float:
-        if self.lr_scheduler is not None:
-            return float(self.lr_scheduler.get_last_lr()[0])
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
-
     # ------------------------------------------------------------------ weights out
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from iter_hf_params(self.module, self.hf_config, self.value_head)
