@@ -95,6 +95,7 @@ class StageProgress:
         self.first_step_at: tuple[int, float] | None = None
         self.last_step_at: tuple[int, float] | None = None
         self.bar = None
+        self.printed_step = 0  # the step the last plain line showed
         if self.interactive:
             self.bar = tqdm(total=total_steps, desc=f"{name} (starting)", unit="step", file=self.stream,
                             dynamic_ncols=True, mininterval=0.5)
@@ -161,13 +162,18 @@ class StageProgress:
             self.bar.refresh()
             return
         if now - self.last_print >= self.interval:
-            print(stamp(self.status_line()), file=self.stream, flush=True)
-            self.last_print = now
+            self._print_line(now)
+
+    def _print_line(self, now: float) -> None:
+        print(stamp(self.status_line()), file=self.stream, flush=True)
+        self.last_print, self.printed_step = now, self.step
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        elif self.step > self.printed_step:  # steps finished since the last line (a fast stage): show where it ended
+            self._print_line(self.clock())
 
     def __enter__(self) -> "StageProgress":
         return self

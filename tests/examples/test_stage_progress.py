@@ -53,6 +53,21 @@ def test_plain_lines_every_interval_with_score_and_eta():
     progress.tick()
     assert out.getvalue().splitlines()[-1].endswith(
         "grpo: step 10/10, finishing (final validation, writing outputs) | score 0.600 | val acc 0.300 | 1.6 s/step")
+    progress.close()  # nothing new since that line: no repeat
+    assert len(out.getvalue().splitlines()) == 4
+
+
+def test_plain_mode_shows_the_last_step_of_a_stage_faster_than_the_interval():
+    clock, out = Clock(), io.StringIO()
+    with StageProgress("grpo", 5, GRPO_SHOWN, GRPO_PHASES, stream=out, interactive=False, interval=5.0,
+                       clock=clock) as progress:
+        for step in range(1, 6):
+            clock.t += 0.5
+            progress.feed(f"step:{step} - critic/score/mean:{step / 10}")
+            progress.tick()
+        assert out.getvalue() == ""
+    assert out.getvalue().splitlines()[-1].endswith(
+        "grpo: step 5/5, finishing (final validation, writing outputs) | score 0.500 | 0.5 s/step")
 
 
 def test_terminal_bar_shows_steps_and_numbers():

@@ -154,14 +154,12 @@ def test_cli_config_errors_exit_2_and_write_nothing(assets, tmp_path, case, extr
     assert list(cwd.iterdir()) == [], "a failed config must not write anything"
 
 
-def test_cli_megatron_variant_not_available(assets, tmp_path):
-    import importlib.util
-
-    if importlib.util.find_spec("verl.workers.megatron_workers") is not None:
-        pytest.skip("megatron workers exist")
-    proc = run_cli(["--config-name", "ppo_megatron_trainer"] + good_overrides(assets), tmp_path)
+def test_cli_megatron_parallel_sizes_must_divide_the_processes(assets, tmp_path):
+    proc = run_cli(["--config-name", "ppo_megatron_trainer"] + good_overrides(assets)
+                   + ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"], tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert "strategy=megatron is not available yet; use fsdp or fsdp2" in proc.stderr
+    assert "actor_rollout_ref.actor.megatron: tensor_model_parallel_size * pipeline_model_parallel_size" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 
