@@ -178,8 +178,9 @@ class RayPPOTrainer(ValidationMixin):
         seed = 1 if seed is None else int(seed)
         # on CPU, loader processes would only compete with the workers for the same cores
         num_workers = 0 if self.device_name == "cpu" else int(data_cfg.get("dataloader_num_workers", 0) or 0)
+        loader_bsz, loader_bsz_key = self._loader_batch()
         self.train_dataloader = build_dataloader(
-            train_dataset, int(data_cfg.train_batch_size), sampler=train_sampler, collate_fn=collate_fn,
+            train_dataset, loader_bsz, sampler=train_sampler, collate_fn=collate_fn,
             num_workers=num_workers, drop_last=True, shuffle=bool(data_cfg.get("shuffle", True)), seed=seed,
         )
         val_bsz = data_cfg.get("val_batch_size", None) or len(val_dataset)
@@ -188,8 +189,8 @@ class RayPPOTrainer(ValidationMixin):
             shuffle=bool(data_cfg.get("validation_shuffle", False)), seed=seed,
         )
         if len(self.train_dataloader) < 1:
-            raise ValueError(f"the train set has {len(train_dataset)} rows, fewer than data.train_batch_size="
-                             f"{data_cfg.train_batch_size}: no full batch")
+            raise ValueError(f"the train set has {len(train_dataset)} rows, fewer than {loader_bsz_key}="
+                             f"{loader_bsz}: no full batch")
         print(f"Size of train dataloader: {len(self.train_dataloader)}, val dataloader: {len(self.val_dataloader)}")
 
         total = len(self.train_dataloader) * int(self.config.trainer.total_epochs)
@@ -201,6 +202,11 @@ class RayPPOTrainer(ValidationMixin):
             self.config.actor_rollout_ref.actor.optim.total_training_steps = total
             if self.use_critic:
                 self.config.critic.optim.total_training_steps = total
+
+    def _loader_batch(self) -> tuple[int, str]:
+        """(prompts per training-loader batch, the key that sets it). A recipe that draws more prompts than it
+        trains on per step (DAPO's dynamic sampling: ``data.gen_batch_size``) overrides this."""
+        return int(self.config.data.train_batch_size), "data.train_batch_size"
 
     def init_workers(self) -> None:
         """Create the resource pools and one colocated worker group per pool, then build the models."""
@@ -321,6 +327,11 @@ class RayPPOTrainer(ValidationMixin):
 
     def train_step(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         """One PPO / GRPO step on a batch of prompts; returns the full batch (for metrics)."""
+        return self._learn(self._rollout(batch, metrics, timing_raw), metrics, timing_raw)
+
+    def _rollout(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
+        """Generate ``rollout.n`` responses per prompt: each prompt row (with a fresh ``uid``) repeated n times,
+        joined with its responses and ``response_mask``."""
         cfg, n = self.config, int(self.config.actor_rollout_ref.rollout.n)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_batch = self._pop_gen_batch(batch)
@@ -335,11 +346,18 @@ class RayPPOTrainer(ValidationMixin):
         if "response_mask" not in batch.batch.keys():  # multi-turn rollouts bring theirs (0 on tool/user tokens)
             batch.batch["response_mask"] = compute_response_mask(batch)
         metrics.update(agent_loop_metrics(batch))
+        return batch
+
+    def _learn(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
+        """Everything after generation: log probs, values, rewards, advantages, critic and actor updates. A batch
+        that already carries ``token_level_scores`` (scored by a recipe, e.g. to filter groups) keeps them."""
+        cfg = self.config
         if cfg.trainer.balance_batch:
             self._balance_batch(batch, metrics)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         future_reward = None
-        if cfg.reward_model.get("launch_reward_fn_async", False):
+        scored = "token_level_scores" in batch.batch.keys()
+        if cfg.reward_model.get("launch_reward_fn_async", False) and not scored:
             with marked_timer("reward", timing_raw, color="yellow"):
                 batch, future_reward = self._launch_reward(batch)
 
@@ -459,6 +477,8 @@ class RayPPOTrainer(ValidationMixin):
         :meth:`_launch_reward`); token_level_rewards after KL."""
         if future_reward is not None:
             scores, extra_infos = ray.get(future_reward)
+        elif "token_level_scores" in batch.batch.keys():  # scored before (DAPO filters groups on the scores)
+            scores, extra_infos = batch.batch["token_level_scores"], {}
         else:
             if self.use_rm:
                 batch = batch.union(self.rm_wg.compute_rm_score(batch))
