@@ -64,19 +64,36 @@ def validate_or_exit(config: DictConfig) -> PPOPlan:
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
+    refuse_dynamic_sampling(config)
     run_ppo(config)
 
 
+def refuse_dynamic_sampling(config: DictConfig) -> None:
+    """DAPO's dynamic sampling keys are accepted here at their defaults (verl's yamls carry them); turning it on
+    needs the DAPO recipe's trainer, which generates until enough groups carry a learning signal."""
+    if OmegaConf.select(config, "algorithm.filter_groups.enable", default=False):
+        config_error_exit(ConfigError(
+            "algorithm.filter_groups.enable=True (DAPO dynamic sampling) runs in the DAPO recipe: "
+            "python -m recipe.dapo.main_dapo with the same overrides; main_ppo trains on every generated group"))
+    gen_bsz = OmegaConf.select(config, "data.gen_batch_size", default=None)
+    if gen_bsz is not None and gen_bsz != config.data.train_batch_size:
+        config_error_exit(ConfigError(
+            f"data.gen_batch_size={gen_bsz} differs from data.train_batch_size={config.data.train_batch_size}: "
+            "drawing more prompts than a step trains on is DAPO's dynamic sampling (python -m "
+            "recipe.dapo.main_dapo); remove data.gen_batch_size here"))
+
+
 def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "colocate") -> None:
-    """Resolve host-aware defaults, validate ``config``, start Ray if needed and run the trainer in a TaskRunner."""
+    """Resolve host-aware defaults, validate ``config``, start Ray if needed and run the trainer in a TaskRunner
+    (``task_runner_class``: a TaskRunner subclass, made a Ray actor here, or an actor class already)."""
     print(resolve_host_defaults(config, explicit_override_keys()), flush=True)
     plan = validate_or_exit(config)
     absolutize_local_paths(config)
     if not ray.is_initialized():
         ray.init(**ray_init_kwargs(config, plan))
-    if task_runner_class is None:
+    if task_runner_class is None or not hasattr(task_runner_class, "remote"):
         # the runner only orchestrates: on CPU it must not take a core away from the workers
-        task_runner_class = ray.remote(num_cpus=0 if plan.device == "cpu" else 1)(TaskRunner)
+        task_runner_class = ray.remote(num_cpus=0 if plan.device == "cpu" else 1)(task_runner_class or TaskRunner)
     runner = task_runner_class.remote()
     ray.get(runner.run.remote(config, placement))
 
@@ -214,7 +231,10 @@ def worker_classes(config: DictConfig):
 
 
 class TaskRunner:
-    """Builds everything the trainer needs inside one Ray actor, then trains."""
+    """Builds everything the trainer needs inside one Ray actor, then trains. A recipe's runner subclass sets
+    ``trainer_cls`` to its RayPPOTrainer subclass (recipe/dapo)."""
+
+    trainer_cls = None  # None: RayPPOTrainer
 
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
         from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
@@ -251,7 +271,7 @@ class TaskRunner:
         val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False)
         train_sampler = create_rl_sampler(config.data, train_dataset)
 
-        trainer = RayPPOTrainer(
+        trainer = (self.trainer_cls or RayPPOTrainer)(
             config=config,
             tokenizer=tokenizer,
             processor=processor,

@@ -22,6 +22,7 @@ ADV = "verl/trainer/ppo/advantage.py"
 PF_PPO = "verl/trainer/ppo/pf_ppo.py"
 ROLLOUT_CORR = "verl/trainer/ppo/rollout_corr.py"
 REWARD = "verl/trainer/ppo/reward.py"
+DAPO = "recipe/dapo/dapo_ray_trainer.py"  # DAPO's dynamic sampling (data.gen_batch_size, algorithm.filter_groups)
 MAIN = "verl/trainer/main_ppo.py"
 SCHEMA = "verl/trainer/config_schema/validate.py"
 RL_DATA = "verl/utils/dataset/rl_dataset.py"

@@ -8,8 +8,8 @@ from typing import Optional, Union
 
 from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
-from verl.trainer.config_schema.places import (ADV, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, TRACKING, TRAINER,
-                                               VALIDATION)
+from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, TRACKING,
+                                               TRAINER, VALIDATION)
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, key, section
 
@@ -56,6 +56,9 @@ class DataConfig(Section):
     max_response_length: int = key(512, "response tokens (rollout.response_length follows it)", ge=1,
                                    read_in=(REWARD,))
     train_batch_size: int = key(1024, "prompts per step (each sampled rollout.n times)", ge=1, read_in=(TRAINER,))
+    gen_batch_size: Optional[int] = key(None, "prompts per generation round of DAPO's dynamic sampling "
+                                        "(python -m recipe.dapo.main_dapo)", ge=1, follows="data.train_batch_size",
+                                        read_in=(DAPO,), optional=True)
     val_batch_size: Optional[int] = key(None, "validation prompts per batch (null: all at once)", ge=1,
                                         read_in=(TRAINER,))
     return_raw_input_ids: bool = key(False, "also return unpadded prompt ids",
@@ -155,6 +158,18 @@ class RolloutCorrectionConfig(Section):
 
 
 @dataclass(frozen=True)
+class FilterGroupsConfig(Section):
+    """DAPO's dynamic sampling (``python -m recipe.dapo.main_dapo``; main_ppo accepts only ``enable=False``)."""
+
+    enable: bool = key(False, "drop prompt groups whose metric is equal for all responses; generate until the "
+                       "batch is full", read_in=(DAPO,))
+    metric: Optional[str] = key(None, "per-response value compared within a prompt's group", read_in=(DAPO,),
+                                choices=(None, "acc", "score", "seq_reward", "seq_final_reward"))
+    max_num_gen_batches: int = key(0, "generation rounds per step before stopping with an error (<= 0: no limit)",
+                                   read_in=(DAPO,))
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig(Section):
     """``algorithm``: advantage estimator and KL."""
 
@@ -171,6 +186,7 @@ class AlgorithmConfig(Section):
     use_pf_ppo: bool = key(False, "PF-PPO: resample by sequence score (gae only)", read_in=(TRAINER,))
     pf_ppo: PFPPOConfig = section(PFPPOConfig)
     rollout_correction: RolloutCorrectionConfig = section(RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, optional=True)
 
 
 @dataclass(frozen=True)
