@@ -87,6 +87,10 @@ def test_good_config_passes_and_plans_roles(assets):
     (["algorithm.rollout_correction.bypass_mode=maybe"], r"bypass_mode='maybe' must be true or false"),
     (["algorithm.rollout_correction.rollout_rs=token"], r"rollout_correction.rollout_rs='token' is not supported.*leave it null"),
     (["algorithm.rollout_correction.use_policy_gradient=true"], r"use_policy_gradient=True is not supported"),
+    (["actor_rollout_ref.actor.old_log_prob_source=update"],  # mini-batches of 4 out of 8 prompts
+     r"old_log_prob_source=update is exact only with one update per batch, but .*ppo_mini_batch_size=4 < "
+     r"data.train_batch_size=8.*use actor_rollout_ref.actor.old_log_prob_source=trainer"),
+    (["actor_rollout_ref.actor.old_log_prob_source=later"], r"old_log_prob_source='later' is not one of: trainer, update"),
 ])
 def test_bad_values_raise_config_error(assets, extra, pattern):
     with pytest.raises(ConfigError, match=pattern):

@@ -89,3 +89,46 @@ def test_big_model_keeps_checkpointing(monkeypatch, defaults, tmp_path):
     cfg = _compose(["trainer.device=cpu", f"actor_rollout_ref.model.path={tmp_path}"])
     resolve_host_defaults(cfg, set(), defaults)
     assert _select(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing") is True
+
+
+ON_POLICY = ["trainer.device=cpu", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+OLD = "actor_rollout_ref.actor.old_log_prob_source"
+
+
+def test_one_update_per_batch_takes_old_log_probs_from_the_update(monkeypatch, defaults):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: True)
+    cfg = _compose(ON_POLICY)
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, OLD) == "update"
+    assert f"{OLD}: trainer -> update" in str(choices)
+    # verl's default batch sizes (1024 prompts, mini-batches of 256): four updates per batch, the pass stays
+    cfg = _compose(["trainer.device=cpu"])
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, OLD) == "trainer"
+    assert any(k == OLD and "ppo_mini_batch_size=256 < data.train_batch_size=1024" in why for k, _, why in choices.kept)
+
+
+@pytest.mark.parametrize("extra, why", [
+    (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs=2"),
+    (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward"),
+    (["algorithm.rollout_correction.rollout_is=token"], "rollout_correction.rollout_is"),
+    (["algorithm.rollout_correction.bypass_mode=true"], "bypass_mode"),
+    (["actor_rollout_ref.actor.strategy=megatron"], "strategy=megatron"),
+])
+def test_old_log_prob_pass_stays_where_the_update_is_not_exact(monkeypatch, defaults, extra, why):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: True)
+    cfg = _compose(ON_POLICY + extra)
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, OLD) == "trainer"
+    assert any(k == OLD and why in reason for k, _, reason in choices.kept), choices.kept
+
+
+def test_old_log_prob_source_set_by_the_user_or_on_gpu_stays(monkeypatch, defaults):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: True)
+    cfg = _compose(ON_POLICY + [f"{OLD}=trainer"])
+    resolve_host_defaults(cfg, {OLD}, defaults)
+    assert _select(cfg, OLD) == "trainer"
+    monkeypatch.setattr(host_defaults, "resolve_device", lambda value: "cuda")
+    cfg = _compose(ON_POLICY[1:])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, OLD) == "trainer"  # verl's separate pass on GPU

@@ -9,7 +9,10 @@ model's training state usually fits in RAM many times over, so recomputing activ
 - compute dtypes (``actor/ref/critic fsdp_config.dtype``, ``rollout.dtype``) from bf16/fp16 to fp32 when the
   CPU has no native bf16 (no AVX-512 BF16, no AMX);
 - ``enable_gradient_checkpointing`` (policy and critic) to False when 8x the model's weights (weights, gradients,
-  two Adam moments, and as much again for activations) fit in half of the machine's memory.
+  two Adam moments, and as much again for activations) fit in half of the machine's memory;
+- ``actor.old_log_prob_source`` from ``trainer`` (a separate log-prob pass over the batch) to ``update`` (the
+  update's own forward, detached) when that is exact: one epoch, one mini-batch, nothing that needs the old
+  log-probs before the update (KL in the reward, rollout importance sampling), FSDP actor.
 
 A key the user set stays as set: ``explicit`` holds the keys given on the command line (Hydra overrides); keys
 whose value differs from the shipped yaml's default also count as set. On GPU and NPU nothing changes. The
@@ -30,15 +33,44 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.device import cpu_has_native_bf16, resolve_device
 
-__all__ = ["HostChoices", "resolve_host_defaults", "explicit_override_keys", "COMPUTE_DTYPE_KEYS",
-           "CHECKPOINTING_KEYS"]
+__all__ = ["HostChoices", "resolve_host_defaults", "explicit_override_keys", "old_log_prob_update_blocker",
+           "COMPUTE_DTYPE_KEYS", "CHECKPOINTING_KEYS", "OLD_LOG_PROB_KEY"]
 
 AR = "actor_rollout_ref"
 COMPUTE_DTYPE_KEYS = (f"{AR}.actor.fsdp_config.dtype", f"{AR}.ref.fsdp_config.dtype", "critic.model.fsdp_config.dtype",
                       f"{AR}.rollout.dtype")
 CHECKPOINTING_KEYS = {f"{AR}.model.enable_gradient_checkpointing": f"{AR}.model.path",
                       "critic.model.enable_gradient_checkpointing": "critic.model.path"}
+OLD_LOG_PROB_KEY = f"{AR}.actor.old_log_prob_source"
 _HALF = {"bf16", "bfloat16", "fp16", "float16", "half"}
+
+
+def old_log_prob_update_blocker(config) -> str | None:
+    """Why the update's own forward cannot stand in for the trainer's old-log-prob pass (None: it is exact).
+
+    It is exact when the weights that would score the batch are the ones the update starts from and nothing
+    reads the old log-probs before the update: one epoch, one mini-batch (every later mini-batch would see
+    updated weights), no KL penalty in the reward, no rollout importance sampling or bypass mode."""
+    def get(key, default=None):
+        return OmegaConf.select(config, key, default=default)
+
+    if get(f"{AR}.actor.strategy", "fsdp") not in ("fsdp", "fsdp2"):
+        return f"{AR}.actor.strategy={get(f'{AR}.actor.strategy')} scores old log-probs in its own pass"
+    if int(get(f"{AR}.actor.ppo_epochs", 1) or 1) != 1:
+        return f"{AR}.actor.ppo_epochs={get(f'{AR}.actor.ppo_epochs')}: later epochs need the pre-update log-probs"
+    mini, batch = get(f"{AR}.actor.ppo_mini_batch_size"), get("data.train_batch_size")
+    if not isinstance(mini, int) or not isinstance(batch, int) or mini < batch:
+        return (f"{AR}.actor.ppo_mini_batch_size={mini} < data.train_batch_size={batch}: later mini-batches need "
+                "the pre-update log-probs")
+    if get("algorithm.use_kl_in_reward", False):
+        return "algorithm.use_kl_in_reward=True needs the old log-probs before the update"
+    correction = get("algorithm.rollout_correction", None) or {}
+    if correction.get("bypass_mode", False):
+        return "algorithm.rollout_correction.bypass_mode=True takes the old log-probs from the rollout"
+    for name in ("rollout_is", "rollout_rs"):
+        if correction.get(name, None):
+            return f"algorithm.rollout_correction.{name} needs the old log-probs before the update"
+    return None
 
 
 @dataclass
@@ -153,4 +185,14 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
             _set(config, key, False)
             choices.changed.append((key, True, False, f"model weights {weights / 1024**2:.0f} MiB: training state and "
                                                       "activations fit in memory, recomputing them only costs time"))
+
+    source = OmegaConf.select(config, OLD_LOG_PROB_KEY, default=None)
+    if source == "trainer" and not _user_set(config, OLD_LOG_PROB_KEY, explicit, defaults):
+        blocker = old_log_prob_update_blocker(config)
+        if blocker is None:
+            _set(config, OLD_LOG_PROB_KEY, "update")
+            choices.changed.append((OLD_LOG_PROB_KEY, "trainer", "update", "one epoch x one mini-batch: the update's "
+                                    "own forward gives the same old log-probs, one forward pass fewer per step"))
+        else:
+            choices.kept.append((OLD_LOG_PROB_KEY, "trainer", blocker))
     return choices

@@ -272,6 +272,56 @@ def test_bypass_mode_reports_first_forward_log_probs(mode, monkeypatch):
         assert torch.equal(states[False][k], states[True][k]), k
 
 
+@pytest.mark.parametrize("mode", ["trim", "padded"])
+def test_old_log_probs_from_the_update_forward_equal_the_trainer_pass(mode, monkeypatch):
+    """meta_info old_log_probs_from_update (actor.old_log_prob_source=update): with one epoch and one mini-batch
+    the update's own forward, detached, stands in for the trainer's log-prob pass. Same parameters after the
+    step (float rounding) as the verl path that first scores the batch, and the captured first-forward scores
+    are those log-probs; the batch needs no old_log_probs at all."""
+    monkeypatch.setenv("VERL_REMOVE_PADDING_MODE", mode)
+    b = make_batch(8, 6, 5, seed=13)
+    mask = b["response_mask"].bool()
+    cfg = actor_config(use_remove_padding=mode == "trim", ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=3,
+                       ppo_epochs=1, log_prob_micro_batch_size_per_gpu=8)
+    states, metrics = {}, {}
+    for source in ("trainer", "update"):
+        model = tiny_model(seed=5)
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        batch = copy.deepcopy(b)
+        scored, _ = actor.compute_log_prob(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": TEMP}))
+        if source == "trainer":
+            batch["old_log_probs"] = scored
+        else:
+            del batch["old_log_probs"]
+        meta = {"temperature": TEMP, "old_log_probs_from_update": source == "update"}
+        metrics[source] = actor.update_policy(DataProto.from_dict(batch, meta_info=meta))
+        states[source] = {k: v.clone() for k, v in model.state_dict().items()}
+        if source == "update":
+            got = actor.last_on_policy
+            assert bool(got["on_policy_rows"].all())
+            assert (got["on_policy_log_probs"] - scored)[mask].abs().max() <= 1e-6
+    assert all(v == 0.0 for v in metrics["update"]["actor/ppo_kl"])
+    assert abs(sum(metrics["update"]["actor/pg_loss"]) - sum(metrics["trainer"]["actor/pg_loss"])) <= 1e-6
+    moved = max((states["trainer"][k] - tiny_model(seed=5).state_dict()[k]).abs().max() for k in states["trainer"])
+    assert moved > 1e-5  # the step did something
+    # the same gradient up to float rounding (Adam's first step, lr 1e-2, turns rounding on near-zero gradient
+    # entries into up to ~1e-5 of parameter difference: well under one step's size)
+    g_trainer, g_update = metrics["trainer"]["actor/grad_norm"][0], metrics["update"]["actor/grad_norm"][0]
+    assert abs(g_trainer - g_update) <= 1e-6 * g_trainer
+    for k in states["trainer"]:
+        assert torch.allclose(states["trainer"][k], states["update"][k], atol=1e-4, rtol=0), k
+
+
+def test_old_log_probs_from_the_update_refuse_several_mini_batches():
+    b = make_batch(8, 6, 5, seed=13)
+    del b["old_log_probs"]
+    cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1)
+    model = tiny_model(seed=5)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    with pytest.raises(ValueError, match="old_log_prob_source=update needs one update per batch"):
+        actor.update_policy(DataProto.from_dict(b, meta_info={"temperature": TEMP, "old_log_probs_from_update": True}))
+
+
 def test_gradient_checkpointing_epochs_and_shuffle():
     """Activation checkpointing changes nothing numerically; ppo_epochs x mini-batches optimizer steps."""
     from verl.utils.fsdp_utils import enable_gradient_checkpointing

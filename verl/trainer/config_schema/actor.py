@@ -75,6 +75,9 @@ class ActorConfig(Section):
     ppo_max_token_len_per_gpu: int = key(16384, "token budget per micro-batch with use_dynamic_bsz", ge=1,
                                          read_in=(WORKERS,))
     ppo_epochs: int = key(1, "passes over each batch", ge=1, read_in=(WORKERS,))
+    old_log_prob_source: str = key("trainer", "old_log_probs from a separate trainer pass, or the update's own forward "
+                                   "(exact with one epoch and one mini-batch; chosen on CPU when exact)",
+                                   choices=("trainer", "update"), read_in=(TRAINER,))
     shuffle: bool = key(False, "shuffle mini-batches between epochs", read_in=(WORKERS,))
     data_loader_seed: int = key(42, "seed of that shuffle", ge=0, read_in=(WORKERS,))
     clip_ratio: float = key(0.2, "PPO clip range (both sides unless _low/_high differ)", ge=0, read_in=(LOSS,))

@@ -433,15 +433,19 @@ class RayPPOTrainer(ValidationMixin):
         metrics.update(log_seqlen_unbalance(seqlen_list=seqlens, partitions=partitions, prefix=logging_prefix))
 
     def _old_log_probs(self, batch: DataProto, metrics: dict, timing_raw: dict) -> tuple[DataProto, bool]:
-        """``old_log_probs`` per ``algorithm.rollout_correction`` (see rollout_corr.py): the rollout's own in bypass
-        mode (returns True; the actor then reports the sync metric), else the trainer's pass, plus truncated IS
-        weights when ``rollout_is`` is set."""
+        """``old_log_probs`` per ``actor.old_log_prob_source`` and ``algorithm.rollout_correction`` (see
+        rollout_corr.py): from the update's own forward (``update``) or the rollout's own in bypass mode (both
+        return True; the actor then reports the sync metric), else the trainer's pass, plus truncated IS weights
+        when ``rollout_is`` is set."""
         correction = self.config.algorithm.get("rollout_correction", None) or {}
         if correction.get("bypass_mode", False):
             if "rollout_log_probs" not in batch.batch.keys():
                 raise RuntimeError("algorithm.rollout_correction.bypass_mode=True needs rollout_log_probs from the "
                                    "rollout engine; this rollout returned none")
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+        if self.config.actor_rollout_ref.actor.get("old_log_prob_source", "trainer") == "update":
+            batch.meta_info["old_log_probs_from_update"] = True  # exact: see resolve_host_defaults
+            return batch, True
             batch.meta_info["bypass_mode"] = True
             return batch, True
         with marked_timer("old_log_prob", timing_raw, color="blue"):

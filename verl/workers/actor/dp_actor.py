@@ -19,6 +19,11 @@ Features and how to turn them on (keys of ``actor_rollout_ref.actor``; ``ref`` r
   ``update_policy`` keeps them in ``last_on_policy`` (``on_policy_log_probs``, ``on_policy_entropys``,
   ``on_policy_rows``) in the input's row order; the trainer turns them into ``training/rollout_probs_diff_*``
   and ``actor/entropy`` without a separate log-prob pass.
+- old log-probs from the update's own forward (``actor.old_log_prob_source=update``; the trainer sets
+  ``meta_info["old_log_probs_from_update"]``): with one mini-batch and one epoch the weights that scored the
+  batch are the ones being updated, so ``old_log_probs`` is the update forward's ``log_probs`` detached -- the
+  same numbers the trainer's separate pass would compute, one forward fewer. The batch carries no
+  ``old_log_probs``; the first-forward scores are kept as in bypass mode, for the same metrics.
 
 Batch sizes are per rank: ``ppo_mini_batch_size`` in ``config`` counts rows per rank (as in verl, whose workers
 rewrite the key), unless the worker passes the derived ``batch_sizes`` (``verl.workers.config_utils``).
@@ -51,9 +56,11 @@ class PolicyLoss:
     log-probs and entropies of the first mini-batch of the first epoch are kept, by original row (``_row``).
     """
 
-    def __init__(self, cfg, n_rows: int = 0, response_length: int = 0, capture: bool = False):
+    def __init__(self, cfg, n_rows: int = 0, response_length: int = 0, capture: bool = False,
+                 old_from_update: bool = False):
         self.cfg = cfg
         self.loss_agg_mode = cfg_get(cfg, "loss_agg_mode", "token-mean")
+        self.old_from_update = old_from_update
         self.policy_loss_fn = get_policy_loss_fn(cfg_get(cfg, "policy_loss.loss_mode", "vanilla"))
         self.entropy_coeff = float(cfg_get(cfg, "entropy_coeff", 0.0))
         self.use_kl_loss = bool(cfg_get(cfg, "use_kl_loss", False))
@@ -81,7 +88,7 @@ class PolicyLoss:
         log_prob, mask, mode = outputs["log_probs"], micro["response_mask"], self.loss_agg_mode
         if self.captured is not None and ctx.epoch == 0 and ctx.mini_batch == 0:
             self._capture(outputs, micro)
-        old_log_prob = micro["old_log_probs"]
+        old_log_prob = log_prob.detach() if self.old_from_update else micro["old_log_probs"]
         is_weights = None
         if "rollout_is_weights" in micro.keys():
             is_weights = micro["rollout_is_weights"]
@@ -174,21 +181,28 @@ class DataParallelPPOActor(BasePPOActor):
         """PPO update: ``ppo_epochs`` x mini-batches, each one optimizer step; returns metrics (lists)."""
         data.batch["response_mask"] = response_mask(data)
         use_kl_loss = bool(cfg_get(self.config, "use_kl_loss", False))
-        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "old_log_probs",
-                "advantages"]
+        old_from_update = bool(data.meta_info.get("old_log_probs_from_update", False))
+        keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
+        if not old_from_update:
+            keys.append("old_log_probs")
         if use_kl_loss:
             if "ref_log_prob" not in data.batch.keys():
                 raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch (enable the reference policy)")
             keys.append("ref_log_prob")
         keys += [k for k in ("rollout_log_probs", "rollout_is_weights") if k in data.batch.keys()]
         batch = DataProto(batch=data.batch.select(*keys), meta_info=dict(data.meta_info))
-        capture = bool(data.meta_info.get("bypass_mode", False))
+        capture = bool(data.meta_info.get("bypass_mode", False)) or old_from_update
         n_rows, response_length = batch.batch["responses"].shape
         if capture:
             batch.batch["_row"] = torch.arange(n_rows)
-        loss = PolicyLoss(self.config, n_rows, response_length, capture=capture)
+        loss = PolicyLoss(self.config, n_rows, response_length, capture=capture, old_from_update=old_from_update)
         spec = self._train_spec(n_rows, loss, float(data.meta_info.get("temperature", 1.0)))
         self.last_on_policy = None
+        if old_from_update and (spec.epochs != 1 or spec.mini_batch_size < n_rows):
+            raise ValueError(
+                f"actor.old_log_prob_source=update needs one update per batch (ppo_epochs=1 and one mini-batch), got "
+                f"ppo_epochs={spec.epochs} and {n_rows} rows in mini-batches of {spec.mini_batch_size}; "
+                "use actor.old_log_prob_source=trainer")
         metrics = self.engine.train_batch(batch, loss, spec)
         self.last_on_policy = loss.captured
         return metrics
