@@ -20,12 +20,13 @@ SYSTEM = ('Use the calculator: <tool_call>{"name": "calculator", "arguments": {"
           'then give the answer.')
 
 
-def tool_rows(n: int, split: str, seed: int, config: ArithmeticConfig, system: bool = True) -> list[dict]:
+def tool_rows(n: int, split: str, seed: int, config: ArithmeticConfig, system: bool = True,
+              agent_name: str = "tool_agent") -> list[dict]:
     rows = make_rl_rows(n, split=split, seed=seed, config=config)
     for row in rows:
         if system:
             row["prompt"] = [{"role": "system", "content": SYSTEM}] + row["prompt"]
-        row["agent_name"] = "tool_agent"
+        row["agent_name"] = agent_name
         truth = row["reward_model"]["ground_truth"]
         row["extra_info"]["tools_kwargs"] = {"calculator": {"create_kwargs": {"ground_truth": truth}}}
     return rows
@@ -39,12 +40,14 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_digits", type=int, default=3)
     parser.add_argument("--no_system_prompt", action="store_true", help="omit the tool instructions (short prompts)")
+    parser.add_argument("--agent_name", default="tool_agent", help="the agent loop every row runs")
     args = parser.parse_args(argv)
     config = ArithmeticConfig(max_digits=args.max_digits, operators="*")
     out = os.path.expanduser(args.local_dir)
     system = not args.no_system_prompt
-    write_parquet(tool_rows(args.train_size, "train", args.seed, config, system), os.path.join(out, "train.parquet"))
-    write_parquet(tool_rows(args.test_size, "test", args.seed + 1, config, system), os.path.join(out, "test.parquet"))
+    for split, size, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):
+        rows = tool_rows(size, split, seed, config, system, args.agent_name)
+        write_parquet(rows, os.path.join(out, f"{split}.parquet"))
     print(f"wrote {args.train_size} train and {args.test_size} test rows to {out}")
 
 

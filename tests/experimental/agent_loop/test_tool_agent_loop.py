@@ -202,7 +202,8 @@ def test_worker_packs_episodes_concurrently_with_unknown_agent_name(tok, tmp_pat
     assert list(out.non_tensor_batch["__tool_calls__"]) == [1, 0, 1]
     assert set(out.non_tensor_batch) == {"__num_turns__", "__tool_calls__", "__tool_errors__", "__tool_rewards__",
                                          "__turn_scores__", "__unknown_agent__", "__generate_s__", "__tool_s__",
-                                         "__extra_fields__"}  # the same columns whichever loops ran
+                                         "__extra_fields__", "__reward_score__"}  # the same columns whichever loops ran
+    assert list(out.non_tensor_batch["__reward_score__"]) == [None] * 3  # tool_agent leaves scoring to the reward fn
     assert Engine.calls[0] == 3  # the first turns of all three episodes went to the engine together
     rm = out.batch["response_mask"]
     attn_resp = out.batch["attention_mask"][:, 64:]

@@ -17,6 +17,8 @@ outputs into the batch layout of ``generate_sequences`` plus:
 ``rollout_log_probs``  the engine's log-prob of every sampled token (0 on tool / user tokens)
 ``__num_turns__``, ``__tool_calls__``, ``__tool_errors__``, ``__tool_rewards__``, ``__turn_scores__``  per-sample
 values (non-tensor fields, for metrics); anything else a loop puts in ``extra_fields`` is in ``__extra_fields__``
+``__reward_score__``  the loop's ``reward_score`` (None when it has none); the reward manager uses it in place of
+the reward function's score for that sample
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def load_agent_loop_config(path: str) -> dict[str, dict]:
 
 
 # per-sample fields every packed batch carries (as ``__name__`` non-tensor columns), with their defaults
-_STANDARD_FIELDS = {"tool_calls": 0, "tool_errors": 0, "tool_rewards": 0.0, "turn_scores": []}
+_STANDARD_FIELDS = {"tool_calls": 0, "tool_errors": 0, "tool_rewards": 0.0, "turn_scores": [], "reward_score": None}
 
 
 class AgentLoopMetrics(BaseModel):
@@ -280,6 +282,8 @@ class AgentLoopWorker:
             # whatever else a loop reports in one dict per sample
             fields = dict(out.extra_fields)
             packed = {key: fields.pop(key, default) for key, default in _STANDARD_FIELDS.items()}
+            if out.reward_score is not None:  # the loop's own reward (an environment's): replaces the reward fn's
+                packed["reward_score"] = float(out.reward_score)
             packed.update(unknown_agent=unknown[row // n], generate_s=out.metrics.generate_sequences,
                           tool_s=out.metrics.tool_calls, extra_fields=fields)
             for key, value in packed.items():

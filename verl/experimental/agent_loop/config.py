@@ -24,7 +24,9 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
     * ``multi_turn.enable`` / ``tool_config_path`` / ``agent.agent_loop_config_path`` need ``mode=async``;
     * the tool config must load and every ``class_name`` must import as a ``BaseTool`` subclass (interactions:
       a ``BaseInteraction`` subclass);
-    * ``agent.default_agent_loop`` and ``multi_turn.format`` must name something registered.
+    * ``agent.default_agent_loop`` and ``multi_turn.format`` must name something registered;
+    * loops with a ``check_kwargs(kwargs, where)`` classmethod (the adapters that load a user file) check their
+      agent-loop config entry (the default loop with no entry is checked with no kwargs).
     """
     mode = str(cfg_get(rollout_config, "mode", "async"))
     mt = cfg_get(rollout_config, "multi_turn", {})
@@ -51,15 +53,30 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
     if not check_files:
         return
     known = set(AGENT_LOOP_REGISTRY)
+    loop_kwargs: dict[str, dict] = {}
     if loops_path:
         try:
-            known |= set(load_agent_loop_config(str(loops_path)))
+            loop_kwargs = load_agent_loop_config(str(loops_path))
         except (FileNotFoundError, ValueError, ImportError, AttributeError) as exc:
             raise ConfigError(str(exc)) from None
+        known |= set(loop_kwargs)
     default = str(cfg_get(agent, "default_agent_loop", "single_turn_agent"))
     if default not in known:
         raise ConfigError(f"{AR}.agent.default_agent_loop={default!r} is not a registered agent loop; use one of "
                           f"{sorted(known)} or list it in {AR}.agent.agent_loop_config_path")
+    # loops that take a user file (openai_agent, openrlhf_agent) check it here, before any worker starts
+    checks = dict(loop_kwargs)
+    checks.setdefault(default, {})
+    for loop_name, kwargs in checks.items():
+        check = getattr(AGENT_LOOP_REGISTRY.get(loop_name), "check_kwargs", None)
+        if check is None:
+            continue
+        where = (f"{AR}.agent.agent_loop_config_path={loops_path}: {loop_name}" if loop_name in loop_kwargs
+                 else f"{AR}.agent.default_agent_loop={loop_name}")
+        try:
+            check(dict(kwargs), where)
+        except (ValueError, FileNotFoundError, ImportError) as exc:
+            raise ConfigError(str(exc)) from None
     fmt = str(cfg_get(mt, "format", "hermes"))
     try:
         ToolParser.get_tool_parser(fmt, None)

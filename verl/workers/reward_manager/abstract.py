@@ -4,7 +4,8 @@ A reward manager turns a rollout batch into token-level scores: it decodes each 
 response tokens, calls ``compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...)``
 and writes the score at the last valid response token of a (B, R) float tensor (``token_level_scores``).
 Subclasses only decide *how* ``compute_score`` is called (one by one, batched, in a process pool) and may
-post-process the scores (DAPO's overlong penalty).
+post-process the scores (DAPO's overlong penalty). A sample whose agent loop returned its own reward (non-tensor
+``__reward_score__``, e.g. an environment's) gets that reward instead of ``compute_score``'s.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ class AbstractRewardManager(ABC):
             extra = {k: list(data.non_tensor_batch[k]) for k in keys}
             return {"reward_tensor": reward_tensor, "reward_extra_info": extra} if return_dict else reward_tensor
 
+        agent_scores = data.non_tensor_batch.get("__reward_score__")
+        agent_rows = [i for i, v in enumerate(agent_scores) if v is not None] if agent_scores is not None else []
+        if agent_rows and len(agent_rows) == len(data):
+            # every sample's agent loop returned its own reward (an environment's): nothing to score
+            reward_tensor = self._agent_reward_tensor(data, agent_scores, agent_rows)
+            return {"reward_tensor": reward_tensor, "reward_extra_info": {}} if return_dict else reward_tensor
+
         samples = self.decode(data)
         results = self.score_samples(samples)
         if len(results) != len(samples):
@@ -80,6 +88,8 @@ class AbstractRewardManager(ABC):
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         for sample, score in zip(samples, scores):
             reward_tensor[sample.index, max(sample.valid_response_length - 1, 0)] = score
+        if agent_rows:  # samples whose agent loop returned a reward keep it
+            reward_tensor = self._agent_reward_tensor(data, agent_scores, agent_rows, reward_tensor)
         self.examine(samples, scores)
         if return_dict:
             out = {"reward_tensor": reward_tensor, "reward_extra_info": dict(extra)}
@@ -87,6 +97,18 @@ class AbstractRewardManager(ABC):
             if metrics:
                 out["reward_metrics"] = metrics
             return out
+        return reward_tensor
+
+    @staticmethod
+    def _agent_reward_tensor(data, agent_scores, rows: list[int], reward_tensor=None) -> torch.Tensor:
+        """The agent loop's ``reward_score`` of ``rows`` at each one's last valid response token."""
+        responses = data.batch["responses"]
+        if reward_tensor is None:
+            reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
+        valid = data.batch["attention_mask"][:, -responses.shape[-1]:].sum(-1).tolist()
+        for i in rows:
+            reward_tensor[i] = 0.0
+            reward_tensor[i, max(int(valid[i]) - 1, 0)] = float(agent_scores[i])
         return reward_tensor
 
     @abstractmethod
