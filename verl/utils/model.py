@@ -20,7 +20,17 @@ import os
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    GenerationConfig,
+)
+from transformers.utils import logging as hf_logging
 
 _DTYPES = {
     "fp32": torch.float32,
@@ -77,23 +87,14 @@ def update_model_config(module_config, override_config_kwargs: dict[str, Any] | 
 
 
 def _plain(obj):
-    """OmegaConf containers -> plain python (without importing omegaconf unconditionally)."""
-    if obj is None:
-        return None
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(obj, (DictConfig, ListConfig)):
-            return OmegaConf.to_container(obj, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    """OmegaConf containers -> plain python."""
+    if isinstance(obj, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(obj, resolve=True)
     return obj
 
 
 def load_hf_config(path: str, override_config: dict | None = None, trust_remote_code: bool = False):
     """AutoConfig from a local dir, with ``override_config`` applied."""
-    from transformers import AutoConfig
-
     path = check_model_dir(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     update_model_config(config, _plain(override_config))
@@ -102,8 +103,6 @@ def load_hf_config(path: str, override_config: dict | None = None, trust_remote_
 
 def get_generation_config(path: str, trust_remote_code: bool = False):
     """The model's GenerationConfig, or one derived from its config, or None."""
-    from transformers import GenerationConfig
-
     path = check_model_dir(path)
     try:
         return GenerationConfig.from_pretrained(path)
@@ -133,8 +132,6 @@ def _from_pretrained(auto_cls, path, config, dtype, trust_remote_code, attn_impl
 @contextlib.contextmanager
 def _hf_errors_only():
     """Show only errors from transformers' logging inside the block (e.g. an expected missing-keys report)."""
-    from transformers.utils import logging as hf_logging
-
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -167,11 +164,19 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     attn_implementation: str | None = "sdpa",
 ) -> nn.Module:
-    """``AutoModelForCausalLM`` from a local dir, parameters in ``dtype``."""
-    from transformers import AutoModelForCausalLM
-
-    model, _ = _load(AutoModelForCausalLM, path, dtype, override_config, trust_remote_code, attn_implementation)
+    """``AutoModelForCausalLM`` from a local dir, parameters in ``dtype``; vision-language models (Qwen2-VL, ...),
+    which transformers registers only as image-text-to-text models, load with ``AutoModelForImageTextToText``."""
+    auto_cls = causal_lm_class(load_hf_config(path, override_config, trust_remote_code))
+    model, _ = _load(auto_cls, path, dtype, override_config, trust_remote_code, attn_implementation)
     return model
+
+
+def causal_lm_class(config):
+    """The auto class that builds a language-model head for ``config`` (see :func:`load_causal_lm`)."""
+    if (type(config) not in AutoModelForCausalLM._model_mapping
+            and type(config) in AutoModelForImageTextToText._model_mapping):
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def _value_head(model: nn.Module) -> nn.Module | None:
@@ -195,8 +200,6 @@ def load_value_model(
     head is missing from the checkpoint; it is then zero-initialised (weights and bias), so the critic starts by
     predicting 0 everywhere. A directory saved from a critic keeps its trained head.
     """
-    from transformers import AutoModelForTokenClassification
-
     # the "value head MISSING" load report is expected here: handled below
     model, info = _load(AutoModelForTokenClassification, path, dtype, override_config, trust_remote_code,
                         attn_implementation, scalar_head=True, quiet_load_report=True)
@@ -217,8 +220,6 @@ def load_reward_model(
     attn_implementation: str | None = "sdpa",
 ) -> nn.Module:
     """Reward model: ``AutoModelForSequenceClassification`` with ``num_labels=1`` (score per sequence)."""
-    from transformers import AutoModelForSequenceClassification
-
     model, _ = _load(AutoModelForSequenceClassification, path, dtype, override_config, trust_remote_code,
                      attn_implementation, scalar_head=True)
     return model

@@ -13,6 +13,20 @@ left-padded to ``data.max_prompt_length``:
     tools_kwargs / interaction_kwargs         extra_info["tools_kwargs"] / ["interaction_kwargs"] ({} if absent)
     <every other column of the row>
 
+Images (with a vision-language model's processor, ``verl.utils.hf_processor``): the column ``data.image_key``
+(default ``images``) holds a list of images (PIL images or ``{"bytes": ...}`` dicts, as ``datasets`` stores them)
+and each ``<image>`` in the prompt text marks where the next one goes (the counts must match). Such a row is
+rendered and tokenized by the processor and also gives
+
+    multi_modal_data                          {"image": [PIL images]}   (what vLLM takes)
+    multi_modal_inputs                        the processor's pixel_values, image_grid_thw
+                                              (with data.return_multi_modal_inputs=True)
+    position_ids                              (3, max_prompt_length): Qwen2-VL's 3-D rotary positions
+    raw_prompt_ids                            the prompt ids with one ``<|image_pad|>`` per image (vLLM expands it)
+
+and ``collate_fn`` adds the padded tensors ``mm_pixel_values`` / ``mm_image_grid_thw`` that carry the images
+through the trainer's batches (see ``verl.utils.dataset.vision_utils``).
+
 Prompts longer than ``max_prompt_length`` are dropped up front (``data.filter_overlong_prompts=True``) or cut
 according to ``data.truncation``: ``left`` keeps the end, ``right`` the start, ``middle`` both ends, ``error``
 raises naming the file and row.
@@ -24,16 +38,25 @@ import copy
 import inspect
 import logging
 import os
+import re
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
+
+from verl.utils.dataset.dataloader import make_random_sampler, make_sequential_sampler
+from verl.utils.dataset.vision_utils import decode_image, mrope_position_ids, pad_multi_modal_inputs
+from verl.utils.import_utils import load_module
 
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
+# processors whose models take Qwen2-VL's 3-D rotary positions (computed here for image prompts)
+MROPE_PROCESSORS = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
 OVERLONG_FIX = (
     "set data.truncation=left|right|middle, or data.filter_overlong_prompts=True, or raise data.max_prompt_length"
 )
@@ -58,9 +81,6 @@ def _as_file_list(data_files) -> list[str]:
 
 def read_parquet_rows(path: str) -> list[dict]:
     """All rows of one parquet file as Python dicts, with errors that name the file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"data file {path} does not exist; check data.train_files / data.val_files "
@@ -104,7 +124,8 @@ class RLHFDataset(Dataset):
 
     Config keys read from ``config`` (the ``data`` section): prompt_key, max_prompt_length, truncation,
     filter_overlong_prompts, return_raw_chat, return_full_prompt, chat_template, apply_chat_template_kwargs,
-    shuffle and seed (only to choose which rows ``max_samples`` keeps).
+    image_key, video_key, return_multi_modal_inputs, shuffle and seed (only to choose which rows
+    ``max_samples`` keeps).
     """
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
@@ -124,6 +145,9 @@ class RLHFDataset(Dataset):
         self.apply_chat_template_kwargs = dict(_cfg_get(config, "apply_chat_template_kwargs", {}))
         self.shuffle = bool(_cfg_get(config, "shuffle", False))
         self.seed = int(_cfg_get(config, "seed", 1))
+        self.image_key = _cfg_get(config, "image_key", "images")
+        self.video_key = _cfg_get(config, "video_key", "videos")
+        self.return_multi_modal_inputs = bool(_cfg_get(config, "return_multi_modal_inputs", True))
 
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r} is not one of {'|'.join(TRUNCATION_MODES)}")
@@ -137,6 +161,7 @@ class RLHFDataset(Dataset):
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
 
         self._read_files_and_tokenize()
+        self.check_multi_modal_rows()
 
     # ---- reading -------------------------------------------------------------------------------------------
     def _read_files_and_tokenize(self) -> None:
@@ -165,8 +190,11 @@ class RLHFDataset(Dataset):
         """Drop rows whose rendered prompt exceeds max_prompt_length (only with filter_overlong_prompts)."""
         if not self.filter_overlong_prompts:
             return
-        texts = [self._render(self._messages_of(dict(row), i)) for i, row in enumerate(self.dataframe)]
-        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        if self.processor is not None:  # image tokens count: the processor expands each image
+            lengths = [len(self._encode(copy.deepcopy(row), i)[1]) for i, row in enumerate(self.dataframe)]
+        else:
+            texts = [self._render(self._messages_of(dict(row), i)) for i, row in enumerate(self.dataframe)]
+            lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         keep = [i for i, n in enumerate(lengths) if n <= self.max_prompt_length]
         dropped = len(self.dataframe) - len(keep)
         if not keep:
@@ -213,29 +241,127 @@ class RLHFDataset(Dataset):
         kwargs = dict(self.apply_chat_template_kwargs)
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        renderer = self.processor if self.processor is not None else self.tokenizer
+        return renderer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
 
     def __len__(self) -> int:
         return len(self.dataframe)
 
+    # ---- images ----------------------------------------------------------------------------------------------
+    def _row_images(self, row: dict, item: int) -> list:
+        """Pop and decode the row's ``data.image_key`` column ([] when absent or empty)."""
+        if row.get(self.video_key) is not None and len(row[self.video_key]) > 0:
+            raise NotImplementedError(
+                f"{self._where(item)} has videos in column {self.video_key!r} (data.video_key); only images are "
+                "supported: drop the column or set data.video_key to a column that does not exist"
+            )
+        images = row.pop(self.image_key, None)
+        if images is None:
+            return []
+        if isinstance(images, dict) or not hasattr(images, "__len__"):
+            images = [images]
+        if len(images) and self.processor is None:
+            raise ValueError(
+                f"{self._where(item)} holds {len(images)} image(s) in column {self.image_key!r} (data.image_key) "
+                "but the model has no image processor; use a vision-language model (e.g. Qwen2-VL) whose directory "
+                "has preprocessor_config.json, or point data.image_key at a column that does not exist"
+            )
+        decoded = []
+        for k, image in enumerate(images):
+            try:
+                decoded.append(decode_image(image))
+            except ValueError as err:
+                raise ValueError(f"{self._where(item)}: image {k} of column {self.image_key!r} "
+                                 f"(data.image_key) cannot be decoded: {err}") from err
+        return decoded
+
+    def _to_multi_modal_messages(self, messages: list[dict]) -> list[dict]:
+        """verl's convention: string contents are split at ``<image>`` / ``<video>`` into typed content items."""
+        out = []
+        for message in messages:
+            content = message["content"]
+            if isinstance(content, str):
+                parts = [p for p in re.split(r"(<image>|<video>)", content) if p]
+                content = [{"type": p[1:-1]} if p in ("<image>", "<video>") else {"type": "text", "text": p}
+                           for p in parts]
+            out.append({**message, "content": content})
+        return out
+
+    def _check_image_slots(self, messages: list[dict], images: list, item: int) -> None:
+        slots = sum(1 for m in messages if not isinstance(m["content"], str)
+                    for c in m["content"] if isinstance(c, dict) and c.get("type") == "image")
+        if slots != len(images):
+            raise ValueError(
+                f"{self._where(item)}: the prompt has {slots} <image> placeholder(s) but column {self.image_key!r} "
+                f"(data.image_key) holds {len(images)} image(s); put exactly one <image> in the prompt text per "
+                "image, in the order of the images"
+            )
+
+    def check_multi_modal_rows(self) -> None:
+        """Decode every row's images and match them to the placeholders up front, so a bad row stops the run
+        before training starts (errors name the file, row and key)."""
+        if not any(self.image_key in row or self.video_key in row for row in self.dataframe[:1]):
+            return
+        if self.processor is not None:
+            self._check_processor()
+        for i, row in enumerate(self.dataframe):
+            row = dict(row)
+            images = self._row_images(row, i)
+            if self.processor is not None:
+                self._check_image_slots(self._to_multi_modal_messages(self._messages_of(row, i)), images, i)
+
+    def _check_processor(self) -> None:
+        name = type(self.processor).__name__
+        if name not in MROPE_PROCESSORS:
+            raise NotImplementedError(f"image prompts are supported for {', '.join(MROPE_PROCESSORS)}, "
+                                      f"not the model's {name}")
+
+    def _encode(self, row: dict, item: int) -> tuple[list[dict], list[int], str, dict]:
+        """Pop the prompt (and images) from ``row``; returns (messages, ids, rendered prompt, processor extras)."""
+        if self.processor is None:
+            self._row_images(row, item)  # a row with images needs a processor: say so
+            messages = self._messages_of(row, item)
+            raw_prompt = self._render(messages)
+            return messages, self.tokenizer.encode(raw_prompt, add_special_tokens=False), raw_prompt, {}
+        self._check_processor()
+        images = self._row_images(row, item)
+        messages = self._to_multi_modal_messages(self._messages_of(row, item))
+        self._check_image_slots(messages, images, item)
+        raw_prompt = self._render(messages)
+        inputs = self.processor(text=[raw_prompt], images=images or None, return_tensors="pt")
+        extras = {"images": images}
+        if images:
+            extras["multi_modal_inputs"] = {"pixel_values": inputs["pixel_values"],
+                                            "image_grid_thw": inputs["image_grid_thw"]}
+        return messages, inputs["input_ids"][0].tolist(), raw_prompt, extras
+
     def __getitem__(self, item: int) -> dict[str, Any]:
         row = copy.deepcopy(self.dataframe[item])
-        if self.processor is not None and any(k in row for k in ("images", "videos")):
-            raise NotImplementedError("multi-modal prompts (images/videos columns) are not supported yet")
-        messages = self._messages_of(row, item)
-        raw_prompt = self._render(messages)
-        ids = self.tokenizer.encode(raw_prompt, add_special_tokens=False)
+        messages, ids, raw_prompt, extras = self._encode(row, item)
         if len(ids) > self.max_prompt_length:
-            if self.truncation == "error":
+            if self.truncation == "error" or extras.get("images"):
                 raise ValueError(
                     f"prompt in {self._where(item)} is {len(ids)} tokens, longer than "
-                    f"data.max_prompt_length={self.max_prompt_length}; {OVERLONG_FIX}"
+                    f"data.max_prompt_length={self.max_prompt_length}; "
+                    + ("prompts with images are never cut (that would cut image tokens): raise "
+                       "data.max_prompt_length or set data.filter_overlong_prompts=True"
+                       if extras.get("images") else OVERLONG_FIX)
                 )
             ids = truncate_ids(ids, self.max_prompt_length, self.truncation)
         row["input_ids"], row["attention_mask"], row["position_ids"] = left_pad(
             ids, self.max_prompt_length, self.tokenizer.pad_token_id
         )
         row["raw_prompt_ids"] = ids
+        if self.processor is not None:
+            mm_inputs = extras.get("multi_modal_inputs", {})
+            row["position_ids"] = mrope_position_ids(
+                row["input_ids"], row["attention_mask"], mm_inputs.get("image_grid_thw"),
+                self.processor.image_token_id, self.processor.image_processor.merge_size)
+            # vLLM takes the prompt with one placeholder per image and expands it itself
+            row["raw_prompt_ids"] = self.tokenizer.encode(raw_prompt, add_special_tokens=False)
+            row["multi_modal_data"] = {"image": extras["images"]}
+            if self.return_multi_modal_inputs:
+                row["multi_modal_inputs"] = mm_inputs
         if self.return_raw_chat:
             row["raw_prompt"] = messages
         if self.return_full_prompt:
@@ -262,6 +388,8 @@ def collate_fn(data_list: list[dict]) -> dict[str, Any]:
         for i, value in enumerate(values):
             arr[i] = value
         out[key] = arr
+    if "multi_modal_inputs" in non_tensors:  # the images' tensors, padded so they travel with the batch rows
+        out.update(pad_multi_modal_inputs(list(non_tensors["multi_modal_inputs"])))
     return out
 
 
@@ -275,8 +403,6 @@ def get_dataset_class(data_config):
     name = _cfg_get(custom, "name", None)
     if not name:
         raise ValueError(f"data.custom_cls.path={path} is set but data.custom_cls.name is empty; name the class")
-    from verl.utils.import_utils import load_module
-
     if not path.startswith("pkg://") and not os.path.isfile(os.path.expanduser(path)):
         raise FileNotFoundError(f"data.custom_cls.path={path}: no such file; point it at the .py file defining {name}")
     module = load_module(path)
@@ -314,13 +440,9 @@ def create_rl_sampler(data_config, dataset):
     ``RandomSampler`` (use ``StatefulDataLoader``, see ``verl.utils.dataset.dataloader``), else
     ``ResumableRandomSampler``.
     """
-    from verl.utils.dataset.dataloader import make_random_sampler, make_sequential_sampler
-
     sampler_cfg = _cfg_get(data_config, "sampler", None)
     class_path = _cfg_get(sampler_cfg, "class_path", None)
     if class_path is not None:
-        from verl.utils.import_utils import load_module
-
         class_name = _cfg_get(sampler_cfg, "class_name", None)
         cls = getattr(load_module(class_path), class_name or "", None)
         if cls is None:

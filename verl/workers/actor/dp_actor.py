@@ -39,6 +39,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.trainer.ppo.rollout_corr import truncated_is_weights
+from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.fsdp_utils import cfg_get
 from verl.utils.padding import response_mask
 from verl.workers.actor.base import BasePPOActor
@@ -59,8 +60,8 @@ class PolicyLoss:
     def __init__(self, cfg, n_rows: int = 0, response_length: int = 0, capture: bool = False,
                  old_from_update: bool = False):
         self.cfg = cfg
-        self.loss_agg_mode = cfg_get(cfg, "loss_agg_mode", "token-mean")
         self.old_from_update = old_from_update
+        self.loss_agg_mode = cfg_get(cfg, "loss_agg_mode", "token-mean")
         self.policy_loss_fn = get_policy_loss_fn(cfg_get(cfg, "policy_loss.loss_mode", "vanilla"))
         self.entropy_coeff = float(cfg_get(cfg, "entropy_coeff", 0.0))
         self.use_kl_loss = bool(cfg_get(cfg, "use_kl_loss", False))
@@ -189,7 +190,7 @@ class DataParallelPPOActor(BasePPOActor):
             if "ref_log_prob" not in data.batch.keys():
                 raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch (enable the reference policy)")
             keys.append("ref_log_prob")
-        keys += [k for k in ("rollout_log_probs", "rollout_is_weights") if k in data.batch.keys()]
+        keys += [k for k in ("rollout_log_probs", "rollout_is_weights", *MM_KEYS) if k in data.batch.keys()]
         batch = DataProto(batch=data.batch.select(*keys), meta_info=dict(data.meta_info))
         capture = bool(data.meta_info.get("bypass_mode", False)) or old_from_update
         n_rows, response_length = batch.batch["responses"].shape
@@ -197,12 +198,12 @@ class DataParallelPPOActor(BasePPOActor):
             batch.batch["_row"] = torch.arange(n_rows)
         loss = PolicyLoss(self.config, n_rows, response_length, capture=capture, old_from_update=old_from_update)
         spec = self._train_spec(n_rows, loss, float(data.meta_info.get("temperature", 1.0)))
-        self.last_on_policy = None
         if old_from_update and (spec.epochs != 1 or spec.mini_batch_size < n_rows):
             raise ValueError(
                 f"actor.old_log_prob_source=update needs one update per batch (ppo_epochs=1 and one mini-batch), got "
                 f"ppo_epochs={spec.epochs} and {n_rows} rows in mini-batches of {spec.mini_batch_size}; "
                 "use actor.old_log_prob_source=trainer")
+        self.last_on_policy = None
         metrics = self.engine.train_batch(batch, loss, spec)
         self.last_on_policy = loss.captured
         return metrics

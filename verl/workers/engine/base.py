@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
 
 __all__ = ["TrainEngine", "MicroBatchSpec", "TrainSpec", "LossContext", "OUTPUTS"]
@@ -192,7 +193,8 @@ class TrainEngine(ABC):
     def infer(self, data: DataProto, outputs: tuple[str, ...], micro: MicroBatchSpec,
               temperature: float = 1.0) -> dict[str, torch.Tensor]:
         """Forward only (no gradients): the requested outputs for every row, in the input's row order, on CPU."""
-        keys = [k for k in ("responses", "input_ids", "attention_mask", "position_ids") if k in data.batch.keys()]
+        keys = [k for k in ("responses", "input_ids", "attention_mask", "position_ids", *MM_KEYS)
+                if k in data.batch.keys()]
         micro_batches, partitions = make_micro_batches(data.batch.select(*keys), micro.micro_batch_size,
                                                        micro.use_dynamic_bsz, micro.max_token_len, self.dp_group)
         self.onload()

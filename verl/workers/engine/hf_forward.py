@@ -7,6 +7,11 @@ Three ways to feed a micro-batch to the model, chosen by ``verl.utils.padding.re
 - ``trim``: only the columns that hold a valid token in some row (left-padded prompts, right-padded
   responses), the same results as the full width at a fraction of the compute;
 - ``padded``: every column.
+
+Vision-language micro-batches carry their images as the padded tensors ``mm_pixel_values`` /
+``mm_image_grid_thw`` (see ``verl.utils.dataset.vision_utils``): the rows' images are unpadded and passed as
+``pixel_values`` / ``image_grid_thw``, and 3-row position ids (B, 3, T) are handed over as the (3, B, T) the
+Qwen2-VL models take.
 """
 
 from __future__ import annotations
@@ -14,11 +19,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verl.utils.dataset.vision_utils import unpad_multi_modal_inputs
 from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
                                 unpack_to_padded, valid_column_span)
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
 __all__ = ["forward_log_probs", "forward_values", "forward_scores", "token_values"]
+
+
+def _model_inputs(micro_batch, position_ids: torch.Tensor, batch_first: bool = True) -> dict:
+    """``position_ids`` in the model's layout plus the micro-batch's images (nothing extra for text).
+    ``batch_first``: 3-D ids are (B, 3, T) (padded rows) rather than packed (3, 1, total)."""
+    if position_ids.dim() == 3 and batch_first:  # (B, 3, T) -> (3, B, T)
+        position_ids = position_ids.transpose(0, 1)
+    return {"position_ids": position_ids, **unpad_multi_modal_inputs(micro_batch)}
 
 
 def _entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
@@ -44,7 +58,8 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
     mode = remove_padding_mode(module) if use_remove_padding else "padded"
     if mode == "pack":
         ids, pos, indices, _ = pack_batch(input_ids, attention_mask, position_ids)
-        logits = module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False).logits[0]
+        logits = module(input_ids=ids, attention_mask=None, use_cache=False,
+                        **_model_inputs(micro_batch, pos, batch_first=False)).logits[0]
         logits = logits / temperature
         labels = torch.roll(ids[0], shifts=-1)  # token t+1 is the label of position t (wrap-around is masked)
         log_probs = unpack_to_padded(logprobs_from_logits(logits, labels), indices, batch, seqlen)
@@ -55,8 +70,8 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
     else:
         lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
         s, e = response_window(seqlen, response_length, lo, hi)
-        output = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
-                        position_ids=position_ids[..., lo:hi], use_cache=False)
+        output = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi], use_cache=False,
+                        **_model_inputs(micro_batch, position_ids[..., lo:hi]))
         logits = output.logits[:, s - lo : e - lo, :] / temperature
         first = s - (seqlen - response_length - 1)  # response column of position s
         log_probs = place_response_window(logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1]),
@@ -85,13 +100,15 @@ def forward_values(module: nn.Module, micro_batch, use_remove_padding: bool = Fa
     mode = remove_padding_mode(module) if use_remove_padding else "padded"
     if mode == "pack":
         ids, pos, indices, _ = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
-        values = token_values(module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False))
+        values = token_values(module(input_ids=ids, attention_mask=None, use_cache=False,
+                                     **_model_inputs(micro_batch, pos, batch_first=False)))
         values = unpack_to_padded(values[0], indices, batch, seqlen)
         return values[:, -response_length - 1 : -1].float()
     lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
     s, e = response_window(seqlen, response_length, lo, hi)
+    inputs = _model_inputs(micro_batch, micro_batch["position_ids"][..., lo:hi])
     values = token_values(module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
-                                 position_ids=micro_batch["position_ids"][..., lo:hi], use_cache=False))
+                                 use_cache=False, **inputs))
     return place_response_window(values[:, s - lo : e - lo].float(), response_length,
                                  s - (seqlen - response_length - 1))
 
