@@ -68,6 +68,19 @@ def main(config: DictConfig) -> None:
     run_ppo(config)
 
 
+_DYNAMIC_SAMPLING_KEYS = ("algorithm.filter_groups.", "data.gen_batch_size")
+
+
+def refuse_dynamic_sampling_overrides(overrides: list[str]) -> None:
+    """verl's DAPO scripts set these keys; on main_ppo's command line they name the recipe to use instead."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key.startswith(_DYNAMIC_SAMPLING_KEYS):
+            config_error_exit(ConfigError(
+                f"'{override}': {key} belongs to DAPO's dynamic sampling, which runs in the DAPO recipe: python -m "
+                "recipe.dapo.main_dapo with the same overrides (main_ppo trains on every generated group)"))
+
+
 def refuse_dynamic_sampling(config: DictConfig) -> None:
     """DAPO's dynamic sampling keys are accepted here at their defaults (verl's yamls carry them); turning it on
     needs the DAPO recipe's trainer, which generates until enough groups carry a learning signal."""
@@ -361,6 +374,8 @@ def precheck_cli(argv: list[str]) -> None:
     if any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc") or a.startswith("--cfg") for a in argv):
         return
     user_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    if config_dir == CONFIG_DIR:
+        refuse_dynamic_sampling_overrides(user_overrides)
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             base = compose(config_name=config_name)
