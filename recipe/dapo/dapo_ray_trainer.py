@@ -13,7 +13,8 @@ shaping of the ``dapo`` reward manager (``reward_model.overlong_buffer``). With 
 every generated group is trained on, like ``main_ppo``.
 
 Metrics added per step: ``train/num_gen_batches`` (generation rounds this step), ``train/kept_groups`` and
-``train/dropped_groups`` (over all rounds, before the surplus is cut).
+``train/dropped_groups`` (over all rounds, before the surplus is cut) and ``train/gen_score/mean`` (mean score of
+every generated response; ``critic/score/mean`` covers only the trained, filtered groups).
 """
 
 from __future__ import annotations
@@ -64,9 +65,10 @@ class RayDAPOTrainer(RayPPOTrainer):
         cfg = self.config
         filter_cfg = cfg.algorithm.get("filter_groups", None) or {}
         if not filter_cfg.get("enable", False):
+            batch = self._score(self._rollout(batch, metrics, timing_raw), timing_raw)
             metrics["train/num_gen_batches"] = 1
-            return self._learn(self._score(self._rollout(batch, metrics, timing_raw), timing_raw), metrics,
-                               timing_raw)
+            metrics["train/gen_score/mean"] = float(batch.batch["token_level_scores"].sum(-1).double().mean())
+            return self._learn(batch, metrics, timing_raw)
 
         sampler = DynamicSampler(train_batch_size=int(cfg.data.train_batch_size),
                                  n=int(cfg.actor_rollout_ref.rollout.n), metric=str(filter_cfg.get("metric")),

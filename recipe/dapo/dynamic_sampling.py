@@ -80,6 +80,8 @@ class DynamicSampler:
     kept_groups: int = 0
     dropped_groups: int = 0
     _parts: list = field(default_factory=list)
+    _score_sum: float = 0.0
+    _responses: int = 0
 
     def add(self, round_batch: DataProto) -> bool:
         self.num_gen_batches += 1
@@ -87,6 +89,8 @@ class DynamicSampler:
         kept, dropped = informative_groups(uids, sequence_metric(round_batch, self.metric))
         self.kept_groups += len(kept)
         self.dropped_groups += len(dropped)
+        self._score_sum += float(round_batch.batch["token_level_scores"].sum().double())
+        self._responses += len(round_batch)
         keep = set(kept)
         rows = [i for i, uid in enumerate(uids) if uid in keep]
         if rows:
@@ -117,8 +121,11 @@ class DynamicSampler:
         return merged.slice(0, self.train_batch_size * self.n)
 
     def metrics(self) -> dict:
+        """Rounds, kept/dropped groups and ``train/gen_score/mean``: the mean sequence score of every generated
+        response (``critic/score/mean`` covers only the kept groups, so it is not the policy's success rate)."""
         return {"train/num_gen_batches": self.num_gen_batches, "train/kept_groups": self.kept_groups,
-                "train/dropped_groups": self.dropped_groups}
+                "train/dropped_groups": self.dropped_groups,
+                "train/gen_score/mean": self._score_sum / max(self._responses, 1)}
 
 
 def check_filter_groups(metric, max_num_gen_batches, n: int, use_kl_in_reward: bool) -> None:

@@ -48,7 +48,9 @@ def test_all_correct_and_all_wrong_groups_are_dropped_and_the_batch_is_still_ful
     assert (acc.std(axis=1) > 0).all()  # no all-equal group left
     # the kept rows carry their own tensors (rows 4..7 of round a, 0..3 and 8..11 of round b)
     assert torch.equal(batch.batch["responses"][:N], torch.arange(N * R, 2 * N * R).view(N, R))
-    assert sampler.metrics() == {"train/num_gen_batches": 2, "train/kept_groups": 4, "train/dropped_groups": 4}
+    # every generated response counts in the success rate: (4 + 2 + 0 + 4) + (1 + 4 + 3 + 2) of 32
+    assert sampler.metrics() == {"train/num_gen_batches": 2, "train/kept_groups": 4, "train/dropped_groups": 4,
+                                 "train/gen_score/mean": pytest.approx(20 / 32)}
 
 
 def test_one_round_is_enough_when_it_has_enough_informative_groups():
