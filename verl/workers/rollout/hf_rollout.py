@@ -14,6 +14,12 @@ computed *before* top-k / top-p filtering. That is exactly what the trainer's ``
 (it divides the logits by ``meta_info["temperature"]`` and applies no filtering), so the two agree to float
 rounding when the rollout has the actor's weights; the per-step metric ``training/rollout_probs_diff_*``
 relies on this. For greedy decoding (temperature 0) the logprob is taken at temperature 1.
+
+Vision-language models (Qwen2-VL): prompts carry their images in ``non_tensor_batch["multi_modal_data"]``
+(``{"image": [PIL images]}`` per row, as vLLM takes them) and 3-row rotary positions (B, 3, T). The engine runs
+the checkpoint's image processor on them (the same one the dataset used, so the image features equal the
+trainer's) and continues all three position rows by one per generated token. Image and video placeholder tokens
+are never sampled (:func:`never_sampled_token_ids`).
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import logging
 from typing import Any, Iterable
 
 import torch
-from transformers import AutoModelForCausalLM
 import torch.nn as nn
 
 from verl.protocol import DataProto
+from verl.utils.model import causal_lm_class, load_hf_config
+from verl.utils.tokenizer import hf_processor
 
 from .async_server import TokenOutput
 from .base import BaseRollout
@@ -38,6 +45,13 @@ logger = logging.getLogger(__name__)
 
 # prefixes that wrappers (DDP/FSDP1, torch.compile, checkpoint wrappers) put in front of HF names
 _WRAPPER_SEGMENTS = frozenset({"module", "_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
+
+
+def never_sampled_token_ids(model_config) -> list[int]:
+    """Image / video placeholder ids of a vision-language model: a response must not contain them (the training
+    forward would take each one for a slot of image features that does not exist), so they are never sampled."""
+    ids = [getattr(model_config, key, None) for key in ("image_token_id", "video_token_id")]
+    return [int(i) for i in ids if i is not None]
 
 
 def _strip_wrapper_prefixes(name: str) -> str:
@@ -60,11 +74,12 @@ class HFRollout(BaseRollout):
             order ``HFRollout(module, config)`` is accepted too.
         tokenizer / generation_config: where the default ``eos_token_id`` / ``pad_token_id`` come from when the
             prompts' ``meta_info`` does not carry them.
+        processor: a vision-language model's processor for prompts with images (default: ``model_path``'s).
     """
 
     def __init__(self, config: Any = None, model_path: str | None = None, *, module: nn.Module | None = None,
                  tokenizer=None, generation_config=None, dtype: Any = None, trust_remote_code: bool = False,
-                 device: str | torch.device = "cpu", **_ignored):
+                 device: str | torch.device = "cpu", processor=None, **_ignored):
         if isinstance(config, nn.Module):  # verl's HFRollout(module, config)
             module, config, model_path = config, model_path, None
         self.config = config
@@ -73,12 +88,17 @@ class HFRollout(BaseRollout):
         if module is None:
             if model_path is None:
                 raise ValueError("HFRollout needs model_path (an HF model directory) or module")
-            module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype,
-                                                          trust_remote_code=trust_remote_code)
+            hf_config = load_hf_config(model_path, trust_remote_code=trust_remote_code)
+            module = causal_lm_class(hf_config).from_pretrained(model_path, dtype=self.dtype,
+                                                                trust_remote_code=trust_remote_code)
         else:
             module = module.to(self.dtype)
+        self.model_path = model_path
+        self.trust_remote_code = trust_remote_code
+        self._processor = processor  # else loaded from model_path when the first prompt with images arrives
         self.module = module.to(self.device).eval()
         self.module.requires_grad_(False)
+        self._never_sample = never_sampled_token_ids(getattr(self.module, "config", None))
 
         eos = pad = None
         for src in (generation_config, getattr(self.module, "generation_config", None), tokenizer,
@@ -146,14 +166,17 @@ class HFRollout(BaseRollout):
         pos = prompts.batch["position_ids"].to(self.device) if "position_ids" in prompts.batch.keys() else (
             torch.clamp(torch.cumsum(attn, dim=-1) - 1, min=0))
         n = params["n"]
+        images = self._row_images(prompts)
         if n > 1:
             idx, attn, pos = (t.repeat_interleave(n, dim=0) for t in (idx, attn, pos))
+            images = [row for row in images for _ in range(n)] if images is not None else None
 
         micro = int(cfg_get(self.config, "micro_batch_size", 0) or idx.size(0))
         responses, logps = [], []
         for start in range(0, idx.size(0), micro):
             sl = slice(start, start + micro)
-            r, lp = self._sample(idx[sl], attn[sl], pos[sl], params, eos_ids, pad_id, response_length)
+            vision = self._vision_inputs(images[sl]) if images is not None else {}
+            r, lp = self._sample(idx[sl], attn[sl], pos[sl], params, eos_ids, pad_id, response_length, vision)
             responses.append(pad_right(r, response_length, pad_id))
             logps.append(pad_right(lp, response_length, 0.0))
         responses = torch.cat(responses, dim=0)
@@ -168,7 +191,7 @@ class HFRollout(BaseRollout):
             "responses": responses,
             "input_ids": torch.cat([idx, responses], dim=-1),
             "attention_mask": torch.cat([attn, response_mask], dim=-1),
-            "position_ids": torch.cat([pos, pos[:, -1:] + delta], dim=-1),
+            "position_ids": torch.cat([pos, pos[..., -1:] + delta], dim=-1),
             "rollout_log_probs": rollout_log_probs.float(),
         }
         meta.setdefault("eos_token_id", self.eos_token_id)
@@ -213,19 +236,53 @@ class HFRollout(BaseRollout):
                                          request_id=requests[i].request_id)
         return results
 
-    def _sample(self, idx, attn, pos, params, eos_ids, pad_id, max_new_tokens):
-        """Decode up to ``max_new_tokens`` tokens for one micro-batch; returns (tokens, logprobs) (B, T<=max)."""
+    # ---------------------------------------------------------------------------------------------- images
+    @staticmethod
+    def _row_images(prompts: DataProto) -> list[list] | None:
+        """Each row's images (``multi_modal_data["image"]``), or None when no row has any."""
+        data = prompts.non_tensor_batch.get("multi_modal_data")
+        if data is None:
+            return None
+        rows = [list((d or {}).get("image") or []) if isinstance(d, dict) else [] for d in data]
+        return rows if any(rows) else None
+
+    def _vision_inputs(self, rows: list[list]) -> dict:
+        """``pixel_values`` / ``image_grid_thw`` of the rows' images, in row order (the model's prefill inputs)."""
+        flat = [img for row in rows for img in row]
+        if not flat:
+            return {}
+        if self._processor is None:
+            self._processor = hf_processor(self.model_path, trust_remote_code=self.trust_remote_code) \
+                if self.model_path else None
+            if self._processor is None:
+                raise ValueError(f"prompts carry images (multi_modal_data) but the rollout model at {self.model_path} "
+                                 "has no image processor; use a vision-language model directory")
+        out = self._processor.image_processor(images=flat, return_tensors="pt")
+        return {"pixel_values": out["pixel_values"].to(self.device, self.dtype),
+                "image_grid_thw": out["image_grid_thw"].to(self.device)}
+
+    @staticmethod
+    def _positions(pos: torch.Tensor) -> torch.Tensor:
+        """3-row rotary positions are stored (B, 3, T); the model takes (3, B, T)."""
+        return pos.transpose(0, 1) if pos.dim() == 3 else pos
+
+    def _sample(self, idx, attn, pos, params, eos_ids, pad_id, max_new_tokens, vision: dict | None = None):
+        """Decode up to ``max_new_tokens`` tokens for one micro-batch; returns (tokens, logprobs) (B, T<=max).
+        ``vision``: the prompts' image inputs for the prefill (vision-language models)."""
         greedy = not params["do_sample"]
         temperature = 1.0 if greedy else params["temperature"]
         bsz = idx.size(0)
         eos_t = torch.tensor(eos_ids, device=idx.device, dtype=idx.dtype) if eos_ids else None
         finished = torch.zeros(bsz, dtype=torch.bool, device=idx.device)
         tokens, logps = [], []
-        out = self.module(input_ids=idx, attention_mask=attn, position_ids=pos, use_cache=True)
+        out = self.module(input_ids=idx, attention_mask=attn, position_ids=self._positions(pos), use_cache=True,
+                          **(vision or {}))
         past, logits = out.past_key_values, out.logits[:, -1, :]
         for step in range(max_new_tokens):
             scaled = logits.float() / temperature
             logp_all = torch.log_softmax(scaled, dim=-1)
+            if self._never_sample:  # like top-k: changes what is sampled, not the reported log-prob
+                scaled = scaled.index_fill(-1, torch.tensor(self._never_sample, device=scaled.device), float("-inf"))
             if greedy:
                 tok = torch.argmax(scaled, dim=-1)
             else:
@@ -240,8 +297,8 @@ class HFRollout(BaseRollout):
             if bool(finished.all()) or step == max_new_tokens - 1:
                 break
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
-            pos = pos[:, -1:] + 1
-            out = self.module(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=pos,
+            pos = pos[..., -1:] + 1
+            out = self.module(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=self._positions(pos),
                               past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[:, -1, :]
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
