@@ -57,7 +57,7 @@ from verl.trainer.ppo.checkpoint import (
     stopped_run_error,
 )
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
-from verl.trainer.ppo.dataloader import build_dataloader
+from verl.trainer.ppo.dataloader import build_dataloader, release_loader_workers
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -75,7 +75,12 @@ from verl.trainer.ppo.utils import (
     rollout_probs_diff_metrics,
 )
 from verl.trainer.ppo.validation import ValidationMixin, _val_metric_names  # noqa: F401 (re-exported)
+from verl.utils.dataset.rl_dataset import collate_fn as default_collate
+from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
+from verl.utils.device import resolve_device
 from verl.utils.padding import response_attention_mask
+from verl.utils.plotting import plot_training_curves, plottable_metrics
+from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
 from verl.utils.timer import marked_timer
 from verl.utils.tracking import Tracking, ValidationGenerationsLogger
 
@@ -137,8 +142,6 @@ class RayPPOTrainer(ValidationMixin):
             raise ValueError(f"role_worker_mapping needs Role.ActorRollout; got {list(role_worker_mapping)}")
 
         if device_name is None:
-            from verl.utils.device import resolve_device
-
             device_name = resolve_device(config.trainer.get("device", "auto"))
         self.device_name = device_name
         self.use_critic = need_critic(config)
@@ -162,9 +165,6 @@ class RayPPOTrainer(ValidationMixin):
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
         data_cfg = self.config.data
         if train_dataset is None or val_dataset is None or collate_fn is None:
-            from verl.utils.dataset.rl_dataset import collate_fn as default_collate
-            from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
-
             if train_dataset is None:
                 train_dataset = create_rl_dataset(data_cfg.train_files, data_cfg, self.tokenizer, self.processor)
             if val_dataset is None:
@@ -422,8 +422,6 @@ class RayPPOTrainer(ValidationMixin):
 
     def _balance_batch(self, batch: DataProto, metrics: dict, logging_prefix: str = "global_seqlen") -> None:
         """Reorder samples so every dp rank of the actor gets a similar number of tokens."""
-        from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
-
         world_size = self.actor_rollout_wg.world_size
         if world_size <= 1 or len(batch) % world_size != 0:
             return
@@ -438,14 +436,14 @@ class RayPPOTrainer(ValidationMixin):
         return True; the actor then reports the sync metric), else the trainer's pass, plus truncated IS weights
         when ``rollout_is`` is set."""
         correction = self.config.algorithm.get("rollout_correction", None) or {}
+        if self.config.actor_rollout_ref.actor.get("old_log_prob_source", "trainer") == "update":
+            batch.meta_info["old_log_probs_from_update"] = True  # exact: see resolve_host_defaults
+            return batch, True
         if correction.get("bypass_mode", False):
             if "rollout_log_probs" not in batch.batch.keys():
                 raise RuntimeError("algorithm.rollout_correction.bypass_mode=True needs rollout_log_probs from the "
                                    "rollout engine; this rollout returned none")
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
-        if self.config.actor_rollout_ref.actor.get("old_log_prob_source", "trainer") == "update":
-            batch.meta_info["old_log_probs_from_update"] = True  # exact: see resolve_host_defaults
-            return batch, True
             batch.meta_info["bypass_mode"] = True
             return batch, True
         with marked_timer("old_log_prob", timing_raw, color="blue"):
@@ -607,9 +605,6 @@ class RayPPOTrainer(ValidationMixin):
 
     # ----------------------------------------------------------------------------------------- finish
     def _finish(self) -> None:
-        from verl.trainer.ppo.dataloader import release_loader_workers
-        from verl.utils.plotting import plot_training_curves
-
         for loader in (getattr(self, "train_dataloader", None), getattr(self, "val_dataloader", None)):
             release_loader_workers(loader)
 
@@ -623,6 +618,4 @@ class RayPPOTrainer(ValidationMixin):
 
 
 def _plottable(metrics: dict) -> dict:
-    from verl.utils.plotting import plottable_metrics
-
     return plottable_metrics(metrics)
