@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from typing import Any, Iterable
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 __all__ = [
@@ -61,8 +64,6 @@ def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None) -> 
 
 
 def _field_types(dataclass_type: type) -> dict:
-    import typing
-
     try:
         return typing.get_type_hints(dataclass_type)
     except Exception:
@@ -133,9 +134,6 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
     Hydra's own overrides (``hydra.*``, ``hydra/...``) and config-group selections are skipped.
     Returns warnings (strings) for the caller to print.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType
-
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
     except Exception as e:  # hydra's grammar error already names the bad override

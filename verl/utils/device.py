@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 _VALID = ("cuda", "npu", "cpu")
 
@@ -23,7 +24,8 @@ _VALID = ("cuda", "npu", "cpu")
 @functools.lru_cache(maxsize=None)
 def is_torch_npu_available() -> bool:
     try:
-        import torch_npu  # noqa: F401  (registers torch.npu)
+        # optional heavy dependency: only Ascend machines have torch_npu; importing it registers torch.npu
+        import torch_npu  # noqa: F401
 
         return hasattr(torch, "npu") and torch.npu.is_available()
     except Exception:
@@ -165,8 +167,6 @@ def module_device(module) -> torch.device:
 def collective_device(group=None) -> torch.device:
     """The device a tensor must be on for a collective of ``group``: CPU for gloo, the current accelerator for
     nccl/hccl (which reject CPU tensors)."""
-    import torch.distributed as dist
-
     backend = dist.get_backend(group) if dist.is_available() and dist.is_initialized() else "gloo"
     if backend == "gloo":
         return torch.device("cpu")

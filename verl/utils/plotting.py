@@ -84,10 +84,12 @@ def plot_training_curves(history: list[tuple[int, dict]], path: str, title: str 
     panels = panel_series(history)
     if not panels:
         return None
+    # optional heavy dependency: matplotlib (~1 s to import) is loaded only when a figure is drawn, and the Agg
+    # backend must be chosen before pyplot is imported
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional heavy dependency (see above), after the backend choice
 
     cols = 1 if len(panels) == 1 else 2
     rows = math.ceil(len(panels) / cols)

@@ -14,6 +14,11 @@ from typing import Any, Mapping
 
 import ray
 
+try:  # a private Ray module: a Ray release without it keeps its own node-address choice (see _force_loopback)
+    from ray._private import ray_constants as _ray_constants
+except ImportError:
+    _ray_constants = None
+
 _LOCAL_ENV_DEFAULTS = {
     # Ray 2.60 turns on token auth and writes a token under $HOME; a private local instance needs neither.
     "RAY_AUTH_MODE": "disabled",
@@ -70,12 +75,8 @@ def _force_loopback() -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] != "0":
         return  # the user asked for cluster mode explicitly
-    try:
-        from ray._private import ray_constants
-
-        ray_constants.ENABLE_RAY_CLUSTER = False
-    except (ImportError, AttributeError):  # a Ray without this switch: it keeps its own choice
-        pass
+    if _ray_constants is not None and hasattr(_ray_constants, "ENABLE_RAY_CLUSTER"):
+        _ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def parallel_put(data_list: list[Any], max_workers: int | None = None) -> list["ray.ObjectRef"]:

@@ -31,6 +31,8 @@ import pprint
 import re
 from typing import Any
 
+from omegaconf import OmegaConf
+
 __all__ = ["Tracking", "ValidationGenerationsLogger", "concat_dict_to_str", "SUPPORTED_BACKENDS"]
 
 SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab")
@@ -90,7 +92,7 @@ class FileLogger:
 
 class TensorboardLogger:
     def __init__(self, project_name: str, experiment_name: str):
-        try:
+        try:  # optional heavy dependency: tensorboard is loaded only when trainer.logger names it
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise ImportError(f"trainer.logger=tensorboard needs the tensorboard package: pip install tensorboard ({e})") from None
@@ -111,7 +113,7 @@ class TensorboardLogger:
 
 class WandbLogger:
     def __init__(self, project_name: str, experiment_name: str, config: dict | None):
-        try:
+        try:  # optional heavy dependency: wandb is loaded only when trainer.logger names it
             import wandb
         except ImportError:
             raise ImportError("trainer.logger=wandb needs the wandb package: pip install wandb "
@@ -162,7 +164,7 @@ def mlflow_metric_name(name: str) -> str:
 
 class MlflowLogger:
     def __init__(self, project_name: str, experiment_name: str, config: dict | None):
-        try:
+        try:  # optional heavy dependency (the mlflow extra): loaded only when trainer.logger names it
             import mlflow
         except ImportError:
             raise ImportError("trainer.logger=mlflow needs the mlflow package: pip install mlflow (or mlflow-skinny "
@@ -187,7 +189,7 @@ class MlflowLogger:
 
 class SwanlabLogger:
     def __init__(self, project_name: str, experiment_name: str, config: dict | None):
-        try:
+        try:  # optional heavy dependency (the swanlab extra): loaded only when trainer.logger names it
             import swanlab
         except ImportError:
             raise ImportError("trainer.logger=swanlab needs the swanlab package: pip install swanlab "
@@ -231,8 +233,6 @@ class Tracking:
             if backend not in SUPPORTED_BACKENDS:
                 raise ValueError(f"logger backend {backend!r} is not supported; choose from: {', '.join(SUPPORTED_BACKENDS)}")
         if config is not None and not isinstance(config, dict):
-            from omegaconf import OmegaConf
-
             config = OmegaConf.to_container(config, resolve=True)
         self.project_name, self.experiment_name = project_name, experiment_name
         self.logger: dict[str, Any] = {}

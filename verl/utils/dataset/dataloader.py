@@ -17,13 +17,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
 
+try:  # torchdata is in requirements.txt; without it the Resumable* classes below stand in for it
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
+except ImportError:
+    StatefulDataLoader = StatefulRandomSampler = None
+
 
 def torchdata_available() -> bool:
-    try:
-        import torchdata.stateful_dataloader  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return StatefulDataLoader is not None
 
 
 class ResumableRandomSampler(Sampler[int]):
@@ -101,9 +103,7 @@ class ResumableSequentialSampler(Sampler[int]):
 
 def make_random_sampler(dataset, seed: int = 1) -> Sampler[int]:
     if torchdata_available():
-        from torchdata.stateful_dataloader.sampler import RandomSampler
-
-        return RandomSampler(dataset, generator=torch.Generator().manual_seed(int(seed)))
+        return StatefulRandomSampler(dataset, generator=torch.Generator().manual_seed(int(seed)))
     return ResumableRandomSampler(dataset, seed=seed)
 
 
@@ -154,8 +154,6 @@ def create_stateful_dataloader(
 ):
     """torchdata's ``StatefulDataLoader`` when installed, else ``ResumableDataLoader``."""
     if torchdata_available():
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
         return StatefulDataLoader(
             dataset=dataset,
             batch_size=batch_size,

@@ -5,10 +5,14 @@ Only the standard library and pyarrow are imported here, so the scripts start in
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
 import re
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -22,8 +26,6 @@ def read_records(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"input file {path} does not exist")
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         return pq.read_table(path).to_pylist()
     with open(path, encoding="utf-8") as f:
         if path.endswith(".jsonl"):
@@ -104,9 +106,6 @@ def remove_boxed(boxed: str) -> str:
 
 def write_parquet(rows: list[dict], path: str) -> str:
     """Write rows to ``path`` via a temporary file renamed into place."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     path = os.path.expanduser(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -121,8 +120,6 @@ def convert_local_files_cli(description: str, to_rows, default_local_dir: str, a
     ``--input_file`` (one file, with ``--split``) or ``--local_dataset_path`` (a folder of *train*/*test* files);
     ``to_rows(records, split, path)`` turns raw records into verl-schema rows, written to ``<local_dir>/<split>.parquet``.
     """
-    import argparse
-
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--local_dataset_path", help="directory holding *train* / *test* files")

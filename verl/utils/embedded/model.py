@@ -11,6 +11,9 @@ import os
 import shutil
 import tempfile
 
+import torch
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
 from verl.utils.embedded.tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
@@ -47,8 +50,6 @@ def _check_size(size: str) -> dict[str, int]:
 
 def build_config(size: str = "tiny"):
     """The ``Qwen2Config`` for one of ``MODEL_SIZES`` (vocabulary = the embedded tokenizer's 259 tokens)."""
-    from transformers import Qwen2Config
-
     return Qwen2Config(
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=MODEL_MAX_LENGTH,
@@ -67,9 +68,6 @@ def build_model(size: str = "tiny", seed: int = 0):
 
     The global torch RNG is left untouched.
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
-
     config = build_config(size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -14,6 +14,9 @@ import shutil
 import sys
 import tempfile
 
+import torch
+from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
 from verl.utils.embedded.tokenizer import (BOS_TOKEN_ID, EOS_TOKEN_ID, MODEL_MAX_LENGTH, PAD_TOKEN_ID, VOCAB_SIZE,
                                            save_tokenizer)
 
@@ -24,8 +27,6 @@ def build_moe_config(num_experts: int = 4, num_experts_per_tok: int = 2, num_hid
                      hidden_size: int = 64):
     """A ``Qwen3MoeConfig``: 4 heads / 2 kv heads of width 32 (vLLM's CPU attention needs >= 32), every layer
     sparse, top-k routing weights renormalised."""
-    from transformers import Qwen3MoeConfig
-
     return Qwen3MoeConfig(
         vocab_size=VOCAB_SIZE, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         moe_intermediate_size=hidden_size // 2, num_experts=num_experts, num_experts_per_tok=num_experts_per_tok,
@@ -38,9 +39,6 @@ def build_moe_config(num_experts: int = 4, num_experts_per_tok: int = 2, num_hid
 
 def build_moe_model(seed: int = 0, **config_kwargs):
     """A freshly initialised fp32 ``Qwen3MoeForCausalLM``; the global torch RNG is left untouched."""
-    import torch
-    from transformers import GenerationConfig, Qwen3MoeForCausalLM
-
     config = build_moe_config(**config_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

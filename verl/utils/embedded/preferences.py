@@ -17,6 +17,8 @@ import os
 import random
 import sys
 
+import pandas as pd
+
 from verl.utils.embedded.arithmetic import DATA_SOURCE, ABILITY, ArithmeticConfig, generate_problem
 
 __all__ = ["make_preference_rows", "make_kto_rows", "write_preference_files"]
@@ -64,8 +66,6 @@ def make_kto_rows(pairs: list[dict]) -> list[dict]:
 def write_preference_files(out_dir: str, n_train: int = 512, n_test: int = 128, seed: int = 0,
                            config: ArithmeticConfig | None = None) -> dict[str, str]:
     """Write train/test/kto_train/sft_train parquet files (test first, so train excludes its expressions)."""
-    import pandas as pd
-
     out_dir = os.path.expanduser(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     test = make_preference_rows(n_test, "test", seed + 1, config)

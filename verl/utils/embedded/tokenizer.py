@@ -17,7 +17,11 @@ The JSON files in ``assets/`` are produced by ``write_tokenizer_assets()``
 
 from __future__ import annotations
 
+import json
 import os
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 
@@ -59,9 +63,6 @@ def byte_symbols() -> list[str]:
 
 def build_tokenizer():
     """Build the tokenizer in memory (a ``PreTrainedTokenizerFast``); see the module docstring."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {sym: i for i, sym in enumerate(byte_symbols())}
     for offset, tok in enumerate(SPECIAL_TOKENS):
         vocab[tok] = NUM_BYTE_TOKENS + offset
@@ -80,8 +81,6 @@ def build_tokenizer():
 
 def save_tokenizer(out_dir: str) -> None:
     """Write the tokenizer files (tokenizer.json, tokenizer_config.json, chat_template.jinja) to out_dir."""
-    import json
-
     os.makedirs(out_dir, exist_ok=True)
     build_tokenizer().save_pretrained(out_dir)
     # Name the class users get beside a qwen2 config.json, so loading the bare assets gives the same class.
@@ -103,8 +102,6 @@ def write_tokenizer_assets() -> str:
 
 def load_tokenizer():
     """The embedded tokenizer, loaded from the committed assets exactly as ``AutoTokenizer`` loads it."""
-    from transformers import AutoTokenizer
-
     if not os.path.exists(os.path.join(ASSETS_DIR, "tokenizer.json")):
         raise FileNotFoundError(
             f"embedded tokenizer files are missing from {ASSETS_DIR}; "

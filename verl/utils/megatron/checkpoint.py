@@ -20,6 +20,7 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
 from verl.utils.checkpoint.hf_export import prune_checkpoints
 
@@ -55,6 +56,7 @@ class MegatronCheckpointer:
 
     # ------------------------------------------------------------------ sharded state
     def _sharded_state(self, for_load: bool) -> dict:
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
         model = self.engine.module
@@ -85,6 +87,7 @@ class MegatronCheckpointer:
 
     # ------------------------------------------------------------------ save / load
     def save(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: int | None = None) -> None:
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import dist_checkpointing
 
         rank = dist.get_rank()
@@ -121,6 +124,7 @@ class MegatronCheckpointer:
             prune_checkpoints(os.path.dirname(local_path.rstrip("/")), max_ckpt_to_keep)
 
     def load(self, local_path: str, del_local_after_load: bool = False) -> None:
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import dist_checkpointing
 
         ckpt_dir = os.path.join(local_path, DIST_CKPT)
@@ -152,8 +156,6 @@ def write_hf_dir(params, hf_config, out_dir: str, tokenizer=None, value_head: bo
                  write: bool = True) -> str | None:
     """Consume a ``(hf_name, tensor)`` stream (every rank must, it is collective) and, where ``write``, save it as
     an HF model directory (safetensors, config, tokenizer), built in a temporary sibling and renamed into place."""
-    from safetensors.torch import save_file
-
     state = {}
     for name, tensor in params:
         if write:

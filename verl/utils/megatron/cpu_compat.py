@@ -74,6 +74,7 @@ class CPURNGStatesTracker:
 def cpu_manual_seed(seed: int) -> None:
     """``model_parallel_cuda_manual_seed`` on CPU: seed the default generator with ``seed`` and register the
     tensor-parallel (``seed + 2718 + tp_rank``) and expert-parallel states with the CPU tracker."""
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mrandom
 

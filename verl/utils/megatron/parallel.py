@@ -17,7 +17,8 @@ def init_model_parallel(tp: int, pp: int, seed: int, owner: str = "megatron") ->
     Every Megatron engine of a process shares one grid: a second call with other sizes is refused, naming the
     keys that must agree (``<role>.megatron.tensor_model_parallel_size`` / ``pipeline_model_parallel_size``).
     """
-    from megatron.core import parallel_state as ps  # optional heavy dependency
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+    from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
     if not dist.is_initialized():
@@ -47,6 +48,7 @@ def init_model_parallel(tp: int, pp: int, seed: int, owner: str = "megatron") ->
 def dp_rank_and_collect() -> tuple[int, bool]:
     """(data-parallel rank, whether this rank returns results for its dp group: tensor rank 0 of the last
     pipeline stage, where the outputs are computed)."""
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core import parallel_state as ps
 
     last = ps.get_pipeline_model_parallel_rank() == ps.get_pipeline_model_parallel_world_size() - 1

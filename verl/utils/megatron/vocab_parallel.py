@@ -21,7 +21,8 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_s
 
     ``vocab_size``: the real vocabulary (columns at or beyond it are padding and get probability 0).
     """
-    from megatron.core import parallel_state as ps  # optional heavy dependency
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+    from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region as reduce_tp
 
     tp = ps.get_tensor_model_parallel_world_size()

@@ -18,6 +18,10 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+# the scorers use only the standard library (math-verify, which is heavy, is imported by its wrapper on first use)
+from verl.utils.reward_score import arithmetic, countdown, gsm8k, gsm_symbolic, math_dapo, math_verify
+from verl.utils.reward_score import math as math_score
+
 __all__ = ["default_compute_score", "register_score_fn", "get_score_fn", "require_score_fn",
            "supported_data_sources", "UnknownDataSourceError"]
 
@@ -82,11 +86,9 @@ def supported_data_sources() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- built-ins
-# Scorer modules are imported when first used so that importing this package stays cheap.
 
 @register_score_fn("openai/gsm8k")
 def _score_gsm8k(solution_str, ground_truth, extra_info=None, method="strict", format_score=0.0, score=1.0):
-    from verl.utils.reward_score import gsm8k
     return gsm8k.compute_score(solution_str, ground_truth, method=method, format_score=format_score, score=score)
 
 
@@ -94,15 +96,10 @@ def _score_gsm8k(solution_str, ground_truth, extra_info=None, method="strict", f
 def _score_math(solution_str, ground_truth, extra_info=None, use_math_verify=True):
     """String-normalised MATH equivalence first (fast, exact); if that fails, symbolic equivalence of
     the boxed answer with math-verify (catches ``2/4`` vs ``0.5``, reordered sets, ...)."""
-    from verl.utils.reward_score import math as math_score
     if math_score.compute_score(solution_str, ground_truth) == 1.0:
         return 1.0
     answer = math_score.extract_answer(solution_str)
     if answer is None or not use_math_verify:
-        return 0.0
-    try:
-        from verl.utils.reward_score import math_verify
-    except ImportError:  # pragma: no cover - math-verify is in requirements.txt
         return 0.0
     return math_verify.compute_score("\\boxed{" + answer + "}", str(ground_truth))
 
@@ -110,26 +107,22 @@ def _score_math(solution_str, ground_truth, extra_info=None, use_math_verify=Tru
 @register_score_fn("math_dapo")
 @register_score_fn("aime", prefix=True)
 def _score_math_dapo(solution_str, ground_truth, extra_info=None, strict_box_verify=False):
-    from verl.utils.reward_score import math_dapo
     return math_dapo.compute_score(solution_str, ground_truth, strict_box_verify=strict_box_verify)
 
 
 @register_score_fn("arithmetic")
 def _score_arithmetic(solution_str, ground_truth, extra_info=None, format_score=None, score=None):
-    from verl.utils.reward_score.arithmetic import compute_score
     kwargs = {k: v for k, v in (("format_score", format_score), ("score", score)) if v is not None}
-    return compute_score(solution_str, ground_truth, **kwargs)
+    return arithmetic.compute_score(solution_str, ground_truth, **kwargs)
 
 
 @register_score_fn("countdown")
 def _score_countdown(solution_str, ground_truth, extra_info=None, format_score=0.1, score=1.0):
-    from verl.utils.reward_score import countdown
     return countdown.compute_score(solution_str, ground_truth, format_score=format_score, score=score)
 
 
 @register_score_fn("gsm_symbolic")
 def _score_gsm_symbolic(solution_str, ground_truth, extra_info=None, format_score=0.0, score=1.0):
-    from verl.utils.reward_score import gsm_symbolic
     return gsm_symbolic.compute_score(solution_str, ground_truth, format_score=format_score, score=score)
 
 
