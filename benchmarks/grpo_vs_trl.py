@@ -6,15 +6,16 @@ Identical work per step, both sides: the same model weights (``make_model_dir``)
 x 4 samples (temperature 1, no top-k/top-p), every completion forced to the same length (``tiny``: 4 tokens,
 ``small``: 32 tokens; ours ``rollout.ignore_eos=True``, TRL ``min_new_tokens``), the same reward function
 (share of digits in the completion), one optimizer step per 128 completions (AdamW, same lr, weight decay 0.01,
-grad clip 1.0), no KL term (ours: no reference model; TRL ``beta=0``), and no separate old-log-prob forward
-(TRL with ``num_iterations=1`` uses the current policy's detached log-probs; ours by default runs
-``algorithm.rollout_correction.bypass_mode=True``, i.e. the engine's log-probs, which are the same numbers up to
-float rounding when the weights are in sync; ``--old_log_prob recompute`` runs verl's default extra pass).
+grad clip 1.0), no KL term (ours: no reference model; TRL ``beta=0``).
+Our side runs the command line a verl user writes for this work -- no tuning keys: gradient checkpointing,
+compute dtype and the old-log-prob source are left to the host-aware defaults, which print what they chose
+(on CPU with one mini-batch per step: the update's own forward gives the old log-probs, as TRL's
+``num_iterations=1`` does). ``--old_log_prob trainer`` forces verl's separate log-prob pass,
+``--old_log_prob bypass`` the rollout engine's log-probs (``algorithm.rollout_correction.bypass_mode=True``).
 Each side runs in one process with both cores (ours: ``trainer.n_gpus_per_node=1``).
 
 Reported: the median seconds per step over steps 2..N (start-up -- imports, Ray, engine init -- excluded on both
-sides), and TRL / ours (> 1 means ours is faster). Targets: ``small`` >= 2x faster than TRL at TRL's best
-precision; ``tiny`` no slower.
+sides), and TRL / ours (> 1 means ours is faster). Targets (fp32): ``small`` >= 1.3x TRL, ``tiny`` >= 1.0x.
 
 TRL runs in its own virtualenv (default /tmp/trl-venv), created on first use with
 ``pip install torch==2.13.0 "trl==1.16.*"`` (the torch pin keeps pip on the local CPU wheel; an unpinned torch
@@ -37,6 +38,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"tiny": dict(size="tiny", tokens=4), "small": dict(size="small", tokens=32)}
 PROMPTS_PER_STEP, SAMPLES = 32, 4
+# the driver's timed sections of a step (timing_s/<name>); the other timing_s/ keys are measured in the workers
+DRIVER_SECTIONS = ("gen", "gen_max", "old_log_prob", "ref", "values", "reward", "adv", "update_critic",
+                   "update_actor", "testing", "save_checkpoint")
+OLD_LOG_PROB_KEYS = {"auto": [], "trainer": ["actor_rollout_ref.actor.old_log_prob_source=trainer"],
+                     "bypass": ["algorithm.rollout_correction.bypass_mode=True"]}
 
 REWARD_PY = textwrap.dedent('''
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -133,7 +139,7 @@ def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr:
 
 
 def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, workers: int, out: Path,
-             rollout: str = "vllm", extra: tuple = (), old_log_prob: str = "bypass") -> dict:
+             rollout: str = "vllm", extra: tuple = (), old_log_prob: str = "auto") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rows = PROMPTS_PER_STEP * SAMPLES
     args = [
@@ -145,7 +151,6 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         f"data.max_response_length={tokens}",
         "data.shuffle=False",
         f"actor_rollout_ref.model.path={assets['model']}",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",  # TRL's default: no recompute
         f"actor_rollout_ref.actor.optim.lr={lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_PER_STEP}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows // workers}",
@@ -168,8 +173,7 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",
         f"trainer.total_training_steps={steps}",
-        # bypass: old_log_probs = the engine's (TRL with num_iterations=1 has no old-log-prob pass either)
-        f"algorithm.rollout_correction.bypass_mode={old_log_prob == 'bypass'}",
+        *OLD_LOG_PROB_KEYS[old_log_prob],
         *extra,
     ]
     metrics_path = out / "metrics.jsonl"
@@ -188,9 +192,24 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         if "data" in record:
             steps_data.setdefault(record["step"], {}).update(record["data"])
     ordered = [steps_data[s] for s in sorted(steps_data)]
+    sections = sorted({k for m in ordered for k in m
+                       if (k.startswith("timing_s/") and k != "timing_s/step") or k.startswith("perf/") and k.endswith("_s")})
     return {"step_s": [m["timing_s/step"] for m in ordered], "length": [m["response_length/mean"] for m in ordered],
-            "gen_s": [m.get("timing_s/gen", 0.0) for m in ordered],
-            "update_weights_s": [m.get("timing_s/update_weights", 0.0) for m in ordered]}
+            "breakdown": {k.removeprefix("timing_s/"): mean_after_first([m.get(k, 0.0) for m in ordered])
+                          for k in sections}}
+
+
+def breakdown_line(step_s: float, breakdown: dict) -> str:
+    """The step's timed sections (median over steps 2..N) and what is left: driver work between them."""
+    top = {k: v for k, v in breakdown.items() if k in DRIVER_SECTIONS}
+    other = step_s - sum(top.values())
+    parts = [f"{k} {v:.3f}" for k, v in sorted(top.items(), key=lambda kv: -kv[1]) if v >= 0.0005]
+    return " | ".join(parts + [f"untimed {other:.3f}"]) + " (s/step)"
+
+
+def mean_after_first(values):
+    tail = values[1:] if len(values) > 1 else values
+    return statistics.mean(tail)
 
 
 def median_after_first(values):
@@ -210,9 +229,9 @@ def main(argv=None):
     parser.add_argument("--skip_trl", action="store_true")
     parser.add_argument("--skip_ours", action="store_true")
     parser.add_argument("--rollout", default="vllm", choices=["vllm", "hf"], help="our rollout engine")
-    parser.add_argument("--old_log_prob", default="bypass", choices=["bypass", "recompute"],
-                        help="ours: rollout log-probs as old_log_probs (bypass_mode, TRL's work) or verl's default "
-                             "trainer recompute (one more forward per step)")
+    parser.add_argument("--old_log_prob", default="auto", choices=sorted(OLD_LOG_PROB_KEYS),
+                        help="ours: auto = no key (host-aware defaults choose), trainer = verl's separate log-prob "
+                             "pass, bypass = the rollout engine's log-probs")
     parser.add_argument("--ours_extra", nargs="*", default=[], help="extra key=value overrides for our run")
     args = parser.parse_args(argv)
 
@@ -240,6 +259,9 @@ def main(argv=None):
                 row[f"{side}_load"] = load
                 print(f"# {name} {dtype} {side}: steps {[round(s, 3) for s in res['step_s']]} s, "
                       f"completion lengths {res['length']}, load avg at start {load:.1f}", flush=True)
+                if side == "ours":
+                    print(f"# {name} {dtype} ours breakdown: {breakdown_line(row['ours'], res['breakdown'])}",
+                          flush=True)
             results.append(row)
 
     print(f"\n{'config':7} {'dtype':5} {'tokens':>6} {'ours s/step':>12} {'TRL s/step':>11} {'TRL/ours':>9}")

