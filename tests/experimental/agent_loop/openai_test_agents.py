@@ -7,8 +7,10 @@ RETRY = "Check your answer and reply again."
 
 async def two_turns(client, row):
     """Ask, then add a user turn and ask again (a continued conversation: one trajectory)."""
+    assert row["reward_model"]["ground_truth"], row  # every row field reaches the agent
     messages = list(row["raw_prompt"])
     first = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24, logprobs=True)
+    assert len(first.choices[0].logprobs.content) == first.usage.completion_tokens
     messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": RETRY}]
     second = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
     text = second.choices[0].message.content or ""

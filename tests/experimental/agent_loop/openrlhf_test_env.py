@@ -17,6 +17,8 @@ class AgentInstance(AgentInstanceBase):
 
     async def step(self, states: dict, **kwargs):
         LOG.append((states["observation_text"], states["action_text"], states["label"]))
+        if not states["label"]:  # the row's reward_model.ground_truth must reach the environment
+            raise ValueError(f"no label in {sorted(states)}")
         self.step_idx += 1
         done = self.step_idx >= 2
         reward = 0.25 + 0.5 * (len(states["action_text"]) % 2) if done else 0.1

@@ -54,6 +54,7 @@ def run(tok, script, name, response_length=200, eos=True, **row):
     server = ScriptedServer(tok, script, eos)
     loop = make_loop(tok, server, name, response_length)
     prompt = row.pop("raw_prompt", QUESTION)
+    row.setdefault("reward_model", {"ground_truth": "56088"})
     ids = tok.encode(tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
     out = asyncio.run(loop.run({"temperature": 1.0}, raw_prompt=prompt, raw_prompt_ids=ids, **row))
     return out, server

@@ -393,6 +393,11 @@ class RayPPOTrainer(ValidationMixin):
         non_tensor = [k for k in _GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch]
         gen_batch = batch.pop(batch_keys=[k for k in _GEN_BATCH_KEYS if k in batch.batch.keys()],
                               non_tensor_batch_keys=non_tensor)
+        if self.config.actor_rollout_ref.rollout.get("mode", "async") == "async":
+            # agent loops get every row field (reward_model, extra_info, ...) in run(**kwargs), as in verl; a copy:
+            # the batch keeps them for the reward
+            gen_batch.non_tensor_batch.update({k: v for k, v in batch.non_tensor_batch.items()
+                                               if k not in gen_batch.non_tensor_batch})
         gen_batch.meta_info["global_steps"] = self.global_steps
         return gen_batch
 
