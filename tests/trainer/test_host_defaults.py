@@ -18,6 +18,14 @@ def _compose(overrides=()):
         return compose("ppo_trainer", overrides=list(overrides))
 
 
+@pytest.fixture(autouse=True)
+def _no_niceness_env(monkeypatch):
+    """resolve_host_defaults sets RAY_worker_niceness for the Ray it is about to start: keep that in the test."""
+    monkeypatch.setenv(host_defaults.NICENESS_ENV, "15")
+    monkeypatch.delenv(host_defaults.NICENESS_ENV)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
 @pytest.fixture(scope="module")
 def defaults():
     return _compose()
@@ -45,7 +53,7 @@ def test_avx2_host_gets_fp32_and_no_checkpointing(monkeypatch, defaults, model_d
     assert _select(cfg, "critic.model.enable_gradient_checkpointing") is False
     text = str(choices)
     assert "native bf16=no" in text and "bfloat16 -> fp32" in text and "enable_gradient_checkpointing: True -> False" in text
-    assert len(choices.changed) == len(COMPUTE_DTYPE_KEYS) + 2
+    assert len(choices.changed) == len(COMPUTE_DTYPE_KEYS) + 3  # + RAY_worker_niceness
 
 
 def test_explicit_values_are_never_overridden(monkeypatch, defaults, model_dir):
@@ -132,3 +140,17 @@ def test_old_log_prob_source_set_by_the_user_or_on_gpu_stays(monkeypatch, defaul
     cfg = _compose(ON_POLICY[1:])
     resolve_host_defaults(cfg, set(), defaults)
     assert _select(cfg, OLD) == "trainer"  # verl's separate pass on GPU
+
+
+def test_ray_workers_run_at_normal_priority_on_cpu(monkeypatch, defaults):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: True)
+    choices = resolve_host_defaults(_compose(["trainer.device=cpu"]), set(), defaults)
+    assert os.environ[host_defaults.NICENESS_ENV] == "0"
+    assert "RAY_worker_niceness (environment): 15 -> 0" in str(choices)
+    monkeypatch.setenv(host_defaults.NICENESS_ENV, "10")  # the user's value stays
+    choices = resolve_host_defaults(_compose(["trainer.device=cpu"]), set(), defaults)
+    assert os.environ[host_defaults.NICENESS_ENV] == "10" and "RAY_worker_niceness (environment)=10 kept" in str(choices)
+    monkeypatch.delenv(host_defaults.NICENESS_ENV)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # joining a cluster: its settings stay
+    resolve_host_defaults(_compose(["trainer.device=cpu"]), set(), defaults)
+    assert host_defaults.NICENESS_ENV not in os.environ

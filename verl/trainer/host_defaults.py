@@ -12,7 +12,9 @@ model's training state usually fits in RAM many times over, so recomputing activ
   two Adam moments, and as much again for activations) fit in half of the machine's memory;
 - ``actor.old_log_prob_source`` from ``trainer`` (a separate log-prob pass over the batch) to ``update`` (the
   update's own forward, detached) when that is exact: one epoch, one mini-batch, nothing that needs the old
-  log-probs before the update (KL in the reward, rollout importance sampling), FSDP actor.
+  log-probs before the update (KL in the reward, rollout importance sampling), FSDP actor;
+- the environment variable ``RAY_worker_niceness`` to 0 when this run starts its own Ray: Ray runs workers at
+  nice 15, which on CPU (where the workers do the compute) lets any other busy process preempt them.
 
 A key the user set stays as set: ``explicit`` holds the keys given on the command line (Hydra overrides); keys
 whose value differs from the shipped yaml's default also count as set. On GPU and NPU nothing changes. The
@@ -42,6 +44,7 @@ COMPUTE_DTYPE_KEYS = (f"{AR}.actor.fsdp_config.dtype", f"{AR}.ref.fsdp_config.dt
 CHECKPOINTING_KEYS = {f"{AR}.model.enable_gradient_checkpointing": f"{AR}.model.path",
                       "critic.model.enable_gradient_checkpointing": "critic.model.path"}
 OLD_LOG_PROB_KEY = f"{AR}.actor.old_log_prob_source"
+NICENESS_ENV = "RAY_worker_niceness"
 _HALF = {"bf16", "bfloat16", "fp16", "float16", "half"}
 
 
@@ -185,6 +188,13 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
             _set(config, key, False)
             choices.changed.append((key, True, False, f"model weights {weights / 1024**2:.0f} MiB: training state and "
                                                       "activations fit in memory, recomputing them only costs time"))
+
+    if NICENESS_ENV in os.environ:
+        choices.kept.append((f"{NICENESS_ENV} (environment)", os.environ[NICENESS_ENV], "set by you"))
+    elif not os.environ.get("RAY_ADDRESS"):  # a Ray this run starts; a cluster's own settings stay
+        os.environ[NICENESS_ENV] = "0"
+        choices.changed.append((f"{NICENESS_ENV} (environment)", 15, 0, "on CPU the Ray workers do the compute; at "
+                                "Ray's default nice 15 any other busy process on the machine preempts them"))
 
     source = OmegaConf.select(config, OLD_LOG_PROB_KEY, default=None)
     if source == "trainer" and not _user_set(config, OLD_LOG_PROB_KEY, explicit, defaults):
