@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+from safetensors import safe_open
 
 __all__ = ["ArchSpec", "Rule", "padded_vocab_size", "shard", "unshard", "HFWeights", "layer_rules",
            "model_rules", "rope_theta"]
@@ -184,8 +185,6 @@ class HFWeights:
     """Reads single tensors from a Hugging Face safetensors checkpoint (one file or an index), lazily."""
 
     def __init__(self, model_dir: str):
-        from safetensors import safe_open
-
         self._open = safe_open
         self.model_dir = model_dir
         index = os.path.join(model_dir, "model.safetensors.index.json")

@@ -8,6 +8,7 @@ model-parallel state (``megatron.core.parallel_state``) to be initialised.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -26,7 +27,8 @@ class ParallelLayout:
     """This process's place in the model-parallel grid (read from megatron's parallel state)."""
 
     def __init__(self):
-        from megatron.core import parallel_state as ps  # optional heavy dependency
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+        from megatron.core import parallel_state as ps
 
         self.tp = ps.get_tensor_model_parallel_world_size()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
@@ -50,6 +52,7 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None):
         if self.sequence_parallel:
+            # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
@@ -75,8 +78,7 @@ class RMSNorm(nn.Module):
 
 def _block_spec(num_layers: int):
     """megatron's local GPT layer spec with :class:`RMSNorm` in every norm slot, for ``num_layers`` layers."""
-    import dataclasses
-
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
@@ -95,6 +97,7 @@ def model_shapes(hf_config, tp: int) -> Shapes:
 
 def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, dtype: torch.dtype,
                        use_cpu_initialization: bool = True):
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.transformer import TransformerConfig
 
     arch = get_arch(hf_config)
@@ -118,6 +121,7 @@ def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, 
 def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dtype: torch.dtype,
                     use_cpu_initialization: bool = True) -> nn.Module:
     """This stage's ``GPTModel`` (weights uninitialised: load them with :func:`load_hf_weights`)."""
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.models.gpt import GPTModel
 
     layout = ParallelLayout()

@@ -6,7 +6,7 @@ key whose reader moves or disappears shows up as a failing test rather than as a
 
 WORKERS = "verl/workers/"  # the training engine and role workers (actor, critic, reference, reward model)
 ENGINE = "verl/workers/engine/"  # the training engine (FSDP) behind every trainer
-MEGATRON = "verl/workers/engine/megatron.py"  # the Megatron engine
+MEGATRON = "verl/models/mcore/settings.py"  # the megatron.* keys the Megatron engine reads (and checks)
 ROLLOUT = "verl/workers/rollout/"
 VLLM = "verl/workers/rollout/vllm_rollout/vllm_rollout.py"
 SGLANG = "verl/workers/rollout/sglang_rollout/sglang_rollout.py"

@@ -22,9 +22,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from huggingface_hub import try_to_load_from_cache
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from verl.experimental.agent_loop.config import check_agent_loop_config
+from verl.trainer.config_schema.megatron import check_megatron_config
 from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, choices_message
 from verl.trainer.ppo import core_algos
@@ -111,8 +113,6 @@ def _check_files(key: str, value: Any) -> None:
 
 def _hf_cached(repo_id: str) -> bool:
     try:
-        from huggingface_hub import try_to_load_from_cache
-
         hit = try_to_load_from_cache(repo_id, "config.json")
         return isinstance(hit, str) and os.path.exists(hit)
     except Exception:
@@ -221,11 +221,9 @@ def _check_grad_clip(config: DictConfig) -> None:
 
 def _check_megatron(config: DictConfig, check_files: bool = True) -> None:
     """strategy=megatron: parallel sizes, architecture, megatron keys with other strategies (see
-    ``verl.utils.megatron.config_check``)."""
+    ``verl.trainer.config_schema.megatron``)."""
     if any(_get(config, key) == "megatron" for key in STRATEGY_KEYS) or any(
             OmegaConf.select(config, f"{p}.megatron") is not None for p in ("actor_rollout_ref.actor", "critic")):
-        from verl.utils.megatron.config_check import check_megatron_config
-
         check_megatron_config(config, check_files=check_files)
 
 

@@ -35,11 +35,11 @@ import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from transformers import AutoConfig
 
-from verl.models.mcore import get_arch
 from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, load_hf_weights
+from verl.models.mcore.settings import MEGATRON_DTYPES, check_megatron_settings, megatron_settings
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
-from verl.utils.megatron.checkpoint import MegatronCheckpointer
+from verl.utils.megatron.checkpoint import MegatronCheckpointer, write_hf_dir
 from verl.utils.megatron.parallel import init_model_parallel
 from verl.utils.megatron.vocab_parallel import vocab_parallel_log_probs
 from verl.workers.engine.base import TrainEngine
@@ -48,50 +48,6 @@ from verl.workers.engine.config import EngineConfig
 __all__ = ["MegatronEngine", "megatron_settings", "check_megatron_settings"]
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "bf16": torch.bfloat16,
-           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
-
-_REFUSED = {  # key: (value that works, why)
-    "virtual_pipeline_model_parallel_size": (None, "interleaved pipeline stages are not available in this engine"),
-    "context_parallel_size": (1, "context parallelism needs Transformer Engine attention (CUDA)"),
-    "expert_model_parallel_size": (1, "the supported architectures (Qwen2, Llama) have no experts"),
-    "expert_tensor_parallel_size": (None, "the supported architectures (Qwen2, Llama) have no experts"),
-}
-
-
-def megatron_settings(cfg: dict) -> dict:
-    """The ``megatron.*`` keys with verl's defaults filled in."""
-    cfg = dict(cfg or {})
-    tp = int(cfg.get("tensor_model_parallel_size") or 1)
-    return {
-        "tp": tp, "pp": int(cfg.get("pipeline_model_parallel_size") or 1),
-        "sequence_parallel": bool(cfg.get("sequence_parallel", True)) and tp > 1,
-        "use_distributed_optimizer": bool(cfg.get("use_distributed_optimizer", True)),
-        "seed": int(cfg.get("seed", 42) if cfg.get("seed") is not None else 42),
-        "dtype": cfg.get("dtype"), "raw": cfg,
-    }
-
-
-def check_megatron_settings(cfg: dict, hf_config, prefix: str) -> None:
-    """Refuse what this engine cannot run, naming ``<prefix>.<key>`` (call before any worker starts)."""
-    s = megatron_settings(cfg)
-    for k, (ok, why) in _REFUSED.items():
-        value = s["raw"].get(k, ok)
-        if value not in (ok, None) and not (ok == 1 and value == 1):
-            raise ValueError(f"{prefix}.{k}={value!r} is not supported: {why}; use {ok!r}")
-    get_arch(hf_config).check(hf_config)
-    heads = hf_config.num_attention_heads
-    kv = getattr(hf_config, "num_key_value_heads", None) or heads
-    if heads % s["tp"] or kv % s["tp"]:
-        raise ValueError(f"{prefix}.tensor_model_parallel_size={s['tp']} must divide the model's attention heads "
-                         f"({heads}) and key/value heads ({kv})")
-    layers = hf_config.num_hidden_layers
-    if layers % s["pp"]:
-        raise ValueError(f"{prefix}.pipeline_model_parallel_size={s['pp']} must divide the model's "
-                         f"{layers} layers")
-    if s["dtype"] is not None and str(s["dtype"]) not in _DTYPES:
-        raise ValueError(f"{prefix}.dtype={s['dtype']!r} is not one of {sorted(_DTYPES)}")
 
 
 def _hf_config(config: EngineConfig):
@@ -108,6 +64,7 @@ class MegatronEngine(TrainEngine):
     def __init__(self, model, hf_config, *, value_head: bool, optimizer=None, lr_scheduler=None, grad_clip=None,
                  sequence_parallel: bool = False, checkpoint_config=None, tokenizer=None, name: str = "engine",
                  model_path: str | None = None):
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
         self.module = model
@@ -141,7 +98,7 @@ class MegatronEngine(TrainEngine):
             raise ValueError("reward_model.strategy=megatron is not available (sequence-classification heads); "
                              "use reward_model.strategy=fsdp or a rule-based reward")
         init_model_parallel(s["tp"], s["pp"], s["seed"], owner=config.name)
-        dtype = _DTYPES[str(s["dtype"] or config.model_dtype)]
+        dtype = MEGATRON_DTYPES[str(s["dtype"] or config.model_dtype)]
         value_head = config.model_kind == "value"
         model = build_gpt_model(hf_config, value_head=value_head, sequence_parallel=s["sequence_parallel"],
                                 dtype=dtype, use_cpu_initialization=get_device_name() == "cpu")
@@ -151,6 +108,7 @@ class MegatronEngine(TrainEngine):
         if not trainable:
             model.requires_grad_(False)
         else:
+            # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
             from megatron.core import parallel_state as ps
 
             params = [p for p in model.parameters() if p.requires_grad]
@@ -215,6 +173,7 @@ class MegatronEngine(TrainEngine):
     def _run_stage(self, aligned: torch.Tensor, need_grad: bool):
         """Forward this stage: receive the previous stage's activations (pipeline), run the model.
         Returns (output, received input tensor or None)."""
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
         b, width = aligned.shape
@@ -256,6 +215,7 @@ class MegatronEngine(TrainEngine):
         return self._outputs_from(out, micro, aligned, starts, lengths, outputs, temperature, entropy_grad)
 
     def _send_next(self, out) -> None:
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
         dist.send(out.detach().contiguous(), dst=ps.get_pipeline_model_parallel_next_rank())
@@ -263,6 +223,7 @@ class MegatronEngine(TrainEngine):
     def forward_backward(self, micro, loss_fn, spec, ctx, weight):
         if self.layout.pp == 1:
             return super().forward_backward(micro, loss_fn, spec, ctx, weight)
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
         aligned, starts, lengths = self._aligned(micro)
@@ -358,8 +319,6 @@ class MegatronEngine(TrainEngine):
         self._checkpoints().load(local_path, del_local_after_load)
 
     def save_hf_model(self, out_dir: str, tokenizer=None) -> str | None:
-        from verl.utils.megatron.checkpoint import write_hf_dir
-
         rank = dist.get_rank()
         return write_hf_dir(self.iter_full_params(), self.hf_config, out_dir, tokenizer or self.tokenizer,
                             value_head=self.value_head, write=rank == 0)

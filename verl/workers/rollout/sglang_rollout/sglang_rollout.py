@@ -107,6 +107,7 @@ class SGLangRollout(BaseRollout):
         check_sglang_available()
         if model_path is None:
             raise ValueError("SGLangRollout needs model_path (the HF model directory the engine is built from)")
+        # optional heavy dependency: sglang (CUDA only) comes with the sglang extra, used for rollout.name=sglang
         import sglang
 
         self.config = config

@@ -1,12 +1,15 @@
 """Checks of a PPO config that selects the Megatron engine, run by the config validator before any worker
-starts; every failure is a ``ConfigError`` naming the key and what would work."""
+starts; every failure is a ``ConfigError`` naming the key and what would work. Nothing here imports megatron-core:
+the settings the engine refuses come from ``verl.models.mcore.settings``."""
 
 from __future__ import annotations
 
 import os
 
 from omegaconf import OmegaConf
+from transformers import AutoConfig
 
+from verl.models.mcore.settings import check_megatron_settings
 from verl.utils.config import ConfigError
 
 __all__ = ["check_megatron_config", "MEGATRON_DEFAULTS"]
@@ -33,8 +36,6 @@ def _sizes(meg: dict) -> tuple[int, int]:
 
 
 def _hf_config(path: str, trust: bool):
-    from transformers import AutoConfig
-
     return AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust)
 
 
@@ -69,9 +70,6 @@ def check_megatron_config(config, check_files: bool = True) -> None:
                               f"{tp} * {pp} must divide trainer.n_gpus_per_node * trainer.nnodes = {n_procs}")
         path = _get(config, path_key)
         if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
-            # megatron-core is heavy: imported only when a config selects it
-            from verl.workers.engine.megatron import check_megatron_settings
-
             trust = bool(_get(config, f"{AR}.model.trust_remote_code", False))
             try:
                 check_megatron_settings(meg, _hf_config(str(path), trust), f"{prefix}.megatron")
