@@ -10,6 +10,8 @@ __all__ = ["DataProto", "__version__"]
 
 def __getattr__(name):
     if name == "DataProto":
+        # not an optional dependency, but a heavy one: torch + tensordict (~3 s) load on first use of verl.DataProto,
+        # so `import verl` (done before any verl submodule) stays cheap
         from verl.protocol import DataProto
 
         return DataProto

@@ -4,16 +4,15 @@
 import sys
 
 from verl.model_merger.base_model_merger import generate_config_from_args, parse_args
+from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+from verl.model_merger.megatron_model_merger import MegatronModelMerger
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     config = generate_config_from_args(args)
     try:
-        if config.backend == "megatron":
-            from verl.model_merger.megatron_model_merger import MegatronModelMerger as merger_cls
-        else:
-            from verl.model_merger.fsdp_model_merger import FSDPModelMerger as merger_cls
+        merger_cls = MegatronModelMerger if config.backend == "megatron" else FSDPModelMerger
         merger = merger_cls(config)
         if config.operation == "merge":
             merger.upload(merger.merge_and_save() or config.target_dir)

@@ -12,6 +12,7 @@ import json
 import os
 
 import torch
+from safetensors.torch import load_file
 
 from verl.model_merger.base_model_merger import BaseModelMerger
 from verl.utils.checkpoint.fsdp_layout import load_full_model_state
@@ -68,8 +69,6 @@ class FSDPModelMerger(BaseModelMerger):
         return out
 
     def test(self) -> None:
-        from safetensors.torch import load_file
-
         ref_dir = self.config.test_hf_dir
         files = [f for f in os.listdir(ref_dir) if f.endswith(".safetensors")]
         if not files:

@@ -13,8 +13,13 @@ import socket
 
 import torch
 import torch.distributed as dist
+from transformers import AutoConfig
 
 from verl.model_merger.base_model_merger import BaseModelMerger
+from verl.models.mcore.convert import HFWeights
+from verl.models.mcore.model import build_gpt_model, iter_hf_params
+from verl.utils.megatron.checkpoint import DIST_CKPT
+from verl.utils.megatron.parallel import init_model_parallel
 
 __all__ = ["MegatronModelMerger", "load_megatron_checkpoint"]
 
@@ -37,13 +42,9 @@ def _single_process_group() -> bool:
 
 def load_megatron_checkpoint(local_dir: str, hf_config, value_head: bool) -> dict[str, torch.Tensor]:
     """Full HF state dict of a Megatron checkpoint folder (``.../global_step_N/actor`` or ``critic``)."""
-    # megatron-core is an optional heavy dependency, imported only for this backend
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only for this backend
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
-
-    from verl.models.mcore.model import build_gpt_model, iter_hf_params
-    from verl.utils.megatron.checkpoint import DIST_CKPT
-    from verl.utils.megatron.parallel import init_model_parallel
 
     ckpt = os.path.join(local_dir, DIST_CKPT)
     if not os.path.isdir(ckpt):
@@ -70,8 +71,6 @@ class MegatronModelMerger(BaseModelMerger):
     """``merge``: write the HF model to ``--target_dir``; ``test``: compare with ``--test_hf_dir``."""
 
     def _state(self) -> dict[str, torch.Tensor]:
-        from transformers import AutoConfig
-
         config = AutoConfig.from_pretrained(self.hf_config_dir, trust_remote_code=self.config.trust_remote_code)
         archs = getattr(config, "architectures", None) or []
         value_head = self.config.is_value_model or any(a.endswith("ForTokenClassification") for a in archs)
@@ -84,8 +83,6 @@ class MegatronModelMerger(BaseModelMerger):
         state = self._state()
         out = self.save_hf_model(state, self.config.target_dir or "tmp")
         if self._value_head:
-            from transformers import AutoConfig
-
             config = AutoConfig.from_pretrained(out, trust_remote_code=self.config.trust_remote_code)
             config.architectures = [a.replace("ForCausalLM", "ForTokenClassification")
                                     for a in (config.architectures or [])]
@@ -96,8 +93,6 @@ class MegatronModelMerger(BaseModelMerger):
 
     def test(self) -> None:
         """Every merged tensor equals the one of the same name in ``--test_hf_dir`` (rtol/atol 1e-5)."""
-        from verl.models.mcore.convert import HFWeights
-
         reference = HFWeights(self.config.test_hf_dir)
         for name, tensor in self._state().items():
             if name not in reference:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -141,9 +142,11 @@ class Worker:
 
     @staticmethod
     def get_node_ip() -> str:
+        """This node's IP as Ray knows it inside a Ray worker (Ray is then already imported), else loopback."""
+        ray = sys.modules.get("ray")
+        if ray is None:
+            return "127.0.0.1"
         try:
-            import ray  # noqa: PLC0415  (only inside a Ray worker; never at import time)
-
             node_ip = getattr(getattr(ray, "_private").worker.global_worker, "node_ip_address", None)
             return node_ip or ray.util.get_node_ip_address()
         except Exception:
