@@ -25,12 +25,16 @@ import hydra
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
+from transformers import AutoTokenizer, GenerationConfig
 
 from verl.protocol import DataProto
 from verl.utils.config import ConfigError, check_overrides
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.device import cpu_has_native_bf16, resolve_device
+from verl.workers.rollout.hf_rollout import HFRollout
+from verl.workers.rollout.vllm_rollout import vLLMRollout
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +137,6 @@ def validate_generation_config(config: DictConfig) -> dict[str, Any]:
 
 def load_tokenizer(model_path: str):
     """The model's tokenizer; refuses one without a chat template (prompts are chat lists)."""
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"model.path={model_path}: the tokenizer has no chat template (no chat_template in "
@@ -167,8 +169,6 @@ def load_prompts(config: DictConfig, tokenizer) -> tuple[RLHFDataset, list[dict]
 
 def build_rollout(config: DictConfig, tokenizer, device: str):
     """The generation engine for ``rollout.name`` with its own copy of the model's weights."""
-    from transformers import GenerationConfig
-
     model_path = os.path.expanduser(str(config.model.path))
     try:
         generation_config = GenerationConfig.from_pretrained(model_path)
@@ -178,14 +178,9 @@ def build_rollout(config: DictConfig, tokenizer, device: str):
     rollout_cfg["n"] = int(config.data.n_samples)
     if str(rollout_cfg.get("load_format", "auto")).startswith("dummy"):
         rollout_cfg["load_format"] = "auto"  # no actor pushes weights here: the engine loads model.path itself
-    if config.rollout.name == "vllm":
-        # vllm is an optional dependency: imported only when this engine is chosen
-        from verl.workers.rollout.vllm_rollout import vLLMRollout
-
+    if config.rollout.name == "vllm":  # the adapter imports vllm itself when the engine is built
         return vLLMRollout(config=rollout_cfg, model_path=model_path, tokenizer=tokenizer,
                            generation_config=generation_config, actor_will_push=False)
-    from verl.workers.rollout.hf_rollout import HFRollout
-
     rollout_cfg.setdefault("micro_batch_size", int(config.data.batch_size))
     return HFRollout(config=rollout_cfg, model_path=model_path, tokenizer=tokenizer,
                      generation_config=generation_config, device="cpu" if device == "cpu" else device)
@@ -265,8 +260,6 @@ def run_generation(config: DictConfig) -> str:
 
 def precheck_cli(argv: list[str], config_name: str) -> None:
     """Check command-line overrides before Hydra composes the config: unknown keys get a 'did you mean'."""
-    from hydra import compose, initialize_config_dir
-
     if any(a.startswith("-") for a in argv):
         return  # Hydra flags (--help, --cfg, ...) are Hydra's business
     try:

@@ -24,11 +24,20 @@ from typing import Any
 
 import hydra
 import ray
-from omegaconf import DictConfig, OmegaConf
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from transformers import AutoTokenizer
 
+from verl.single_controller.ray import RayWorkerGroup
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
 from verl.trainer.host_defaults import explicit_override_keys, resolve_host_defaults
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
+from verl.trainer.ppo.reward import load_reward_manager
 from verl.utils.config import ConfigError, check_overrides
+from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
+from verl.utils.fs import copy_to_local
+from verl.utils.import_utils import import_external_libs
+from verl.workers import fsdp_workers, megatron_workers
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 EXIT_CONFIG_ERROR = 2
@@ -130,8 +139,6 @@ def absolutize_local_paths(config: DictConfig) -> None:
     """Resolve interpolations, then make relative local paths absolute (relative to the launch directory).
 
     A model name like ``Qwen/Qwen2.5-0.5B`` that is not a local directory stays as it is (HF cache)."""
-    from omegaconf import ListConfig, open_dict
-
     OmegaConf.resolve(config)
     with open_dict(config):
         for key in _PATH_KEYS:
@@ -194,8 +201,6 @@ def _total_processes(config: DictConfig) -> int:
 
 def resource_pools(config: DictConfig, plan: PPOPlan, placement: str = "colocate") -> tuple[dict, dict]:
     """Role -> pool mapping and pool sizes: ``({pool: [procs per node] * nnodes}, {Role: pool})``."""
-    from verl.trainer.ppo.ray_trainer import Role
-
     nnodes, per_node = int(config.trainer.nnodes), int(config.trainer.n_gpus_per_node)
     actor_role = Role.ActorRollout
     if placement == "colocate":
@@ -230,17 +235,12 @@ def worker_classes(config: DictConfig):
     """(ActorRolloutRefWorker, CriticWorker, RewardModelWorker, worker-group class) for the strategy."""
     strategy = config.actor_rollout_ref.actor.strategy
     if strategy in ("fsdp", "fsdp2"):
-        from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+        workers = fsdp_workers
     elif strategy == "megatron":
-        try:
-            from verl.workers.megatron_workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
-        except ImportError as e:
-            raise ConfigError(f"actor_rollout_ref.actor.strategy=megatron is not available yet ({e}); use fsdp") from None
+        workers = megatron_workers
     else:
         raise ConfigError(f"actor_rollout_ref.actor.strategy={strategy!r} is not one of: fsdp, fsdp2, megatron")
-    from verl.single_controller.ray import RayWorkerGroup
-
-    return ActorRolloutRefWorker, CriticWorker, RewardModelWorker, RayWorkerGroup
+    return workers.ActorRolloutRefWorker, workers.CriticWorker, workers.RewardModelWorker, RayWorkerGroup
 
 
 class TaskRunner:
@@ -250,11 +250,6 @@ class TaskRunner:
     trainer_cls = None  # None: RayPPOTrainer
 
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
-        from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
-        from verl.trainer.ppo.reward import load_reward_manager
-        from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
-        from verl.utils.import_utils import import_external_libs
-
         print(f"TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
         OmegaConf.resolve(config)
         plan = validate_ppo_config(config)
@@ -320,8 +315,6 @@ def print_config(config: DictConfig) -> None:
 
 
 def load_tokenizer_and_processor(config: DictConfig):
-    from verl.utils.fs import copy_to_local
-
     model_cfg = config.actor_rollout_ref.model
     path = copy_to_local(model_cfg.get("tokenizer_path") or model_cfg.path, use_shm=model_cfg.get("use_shm", False))
     trust = bool(config.data.get("trust_remote_code", False) or model_cfg.get("trust_remote_code", False))
@@ -333,8 +326,6 @@ def load_tokenizer_and_processor(config: DictConfig):
         tokenizer = hf_tokenizer(path, trust_remote_code=trust)
         processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
         return tokenizer, processor
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -368,8 +359,6 @@ def _split_cli(argv: list[str]) -> tuple[str, str, list[str]]:
 
 def precheck_cli(argv: list[str]) -> None:
     """Check overrides and compose the config before Hydra does: our messages, exit code 2, nothing written."""
-    from hydra import compose, initialize_config_dir
-
     config_dir, config_name, overrides = _split_cli(argv)
     if any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc") or a.startswith("--cfg") for a in argv):
         return

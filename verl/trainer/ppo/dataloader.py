@@ -13,6 +13,8 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
+from verl.utils.dataset.dataloader import create_stateful_dataloader, make_random_sampler, make_sequential_sampler
+
 __all__ = ["ResumableDataLoader", "build_dataloader"]
 
 
@@ -82,22 +84,13 @@ def build_dataloader(dataset, batch_size: int, sampler=None, collate_fn=None, nu
                      drop_last: bool = True, shuffle: bool = False, seed: int = 1):
     """A resumable loader: the dataset package's stateful loader (torchdata's ``StatefulDataLoader`` or its
     resumable samplers) when it can drive ``sampler``, else ``ResumableDataLoader`` above."""
+    if sampler is None:
+        sampler = make_random_sampler(dataset, seed=seed) if shuffle else make_sequential_sampler(dataset)
     try:
-        from verl.utils.dataset.dataloader import (
-            create_stateful_dataloader,
-            make_random_sampler,
-            make_sequential_sampler,
-        )
-    except ImportError:
-        create_stateful_dataloader = None
-    if create_stateful_dataloader is not None:
-        if sampler is None:
-            sampler = make_random_sampler(dataset, seed=seed) if shuffle else make_sequential_sampler(dataset)
-        try:
-            return create_stateful_dataloader(dataset, batch_size, sampler, collate_fn, num_workers=num_workers,
-                                              drop_last=drop_last)
-        except TypeError:  # a custom sampler the resumable loader cannot drive
-            pass
+        return create_stateful_dataloader(dataset, batch_size, sampler, collate_fn, num_workers=num_workers,
+                                          drop_last=drop_last)
+    except TypeError:  # a custom sampler the resumable loader cannot drive
+        pass
     return ResumableDataLoader(dataset, batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last,
                                shuffle=shuffle, seed=seed)
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 import ray
+from omegaconf import DictConfig, OmegaConf
 
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import get_reward_manager_cls
@@ -36,13 +37,8 @@ def _get(config: Any, dotted: str, default: Any = None) -> Any:
 def _to_dict(node: Any) -> dict:
     if node is None:
         return {}
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(node, DictConfig):
-            return OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(node, DictConfig):
+        return OmegaConf.to_container(node, resolve=True)
     return dict(node)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import warnings
 
 import ray
 import torch
@@ -28,11 +30,13 @@ from verl.single_controller.ray.base import ResourcePoolManager
 from verl.trainer.main_ppo import absolutize_local_paths, ray_init_kwargs
 from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step_folder
 from verl.trainer.ppo.utils import Role
+from verl.trainer.preference.dataset import PreferenceDataError, PreferenceDataset
 from verl.trainer.preference.pairs import pair_train_spec
 from verl.utils.config import ConfigError
-from verl.trainer.preference.dataset import PreferenceDataset
 from verl.utils.device import resolve_device
+from verl.utils.model import check_model_dir
 from verl.utils.tracking import Tracking
+from verl.workers.worker_utils import load_tokenizer
 
 __all__ = ["RecipeDriver", "epoch_order", "batch_indices"]
 
@@ -210,8 +214,6 @@ class RecipeDriver:
 def quiet_searchpath_warning() -> None:
     """Recipe configs find ``ppo_trainer.yaml`` through ``pkg://verl.trainer.config``; Hydra's availability
     probe wrongly reports that folder (a data directory, not a package) as missing although it loads it."""
-    import warnings
-
     warnings.filterwarnings("ignore", message=r".*path=verl\.trainer\.config is not available.*")
 
 
@@ -222,12 +224,6 @@ def run_recipe(config: DictConfig, driver_cls) -> dict:
     """Resolve ``config``, load the tokenizer, build ``driver_cls(config, tokenizer)`` (config and data errors:
     one ``Config error:`` line on stderr, exit code 2, nothing started or written), then start the workers and
     train. Returns the last step's metrics."""
-    import sys
-
-    from verl.trainer.preference.dataset import PreferenceDataError
-    from verl.utils.model import check_model_dir
-    from verl.workers.worker_utils import load_tokenizer
-
     OmegaConf.resolve(config)
     model = config.actor_rollout_ref.model
     try:
