@@ -44,15 +44,15 @@ class ScriptedServer:
                            finish_reason="stop" if ids[-1] == self.tok.eos_token_id else "length")
 
 
-def make_loop(tok, server, name, response_length=200):
+def make_loop(tok, server, name, response_length=200, path=AGENTS):
     cfg = OmegaConf.create({"rollout": dict(name="hf", n=1, prompt_length=64, response_length=response_length,
                                             multi_turn={"format": "hermes"}), "model": {"path": "/m/tiny"}})
-    return OpenAIAgentLoop(_TrainerConfig(cfg), server, tok, agent_func_path=AGENTS, agent_func_name=name)
+    return OpenAIAgentLoop(_TrainerConfig(cfg), server, tok, agent_func_path=path, agent_func_name=name)
 
 
-def run(tok, script, name, response_length=200, eos=True, **row):
+def run(tok, script, name, response_length=200, eos=True, path=AGENTS, **row):
     server = ScriptedServer(tok, script, eos)
-    loop = make_loop(tok, server, name, response_length)
+    loop = make_loop(tok, server, name, response_length, path)
     prompt = row.pop("raw_prompt", QUESTION)
     row.setdefault("reward_model", {"ground_truth": "56088"})
     ids = tok.encode(tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
@@ -175,3 +175,14 @@ def test_agent_function_errors_name_the_problem(tmp_path):
         load_agent_func(AGENTS, "not_async")
     with pytest.raises(ValueError, match="module file not found"):
         load_agent_func(str(tmp_path / "nope.py"))
+
+
+def test_the_example_agent_runs_its_tool_and_scores(tok):
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))),
+                           "examples/agent_loop/openai_calculator_agent.py")
+    out, server = run(tok, [CALL, "The answer is 56088."], "run_agent", path=example)
+    assert out.reward_score == 1.0 and out.extra_fields == {"chat_requests": 2, "chat_trajectories": 1,
+                                                            "agent_errors": 0}
+    tool = tok.encode("\n<|im_start|>tool\n56088<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    masked = [t for t, m in zip(out.response_ids, out.response_mask) if m == 0]
+    assert masked == tool  # the calculator's result, computed by the example's own tool code
