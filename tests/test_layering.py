@@ -36,9 +36,6 @@ OPTIONAL = ("vllm", "sglang", "megatron", "torch_npu", "transformer_engine", "fl
 ALLOWED_LAZY = {
     ("verl/__init__.py", "verl.protocol"):
         "``import verl`` stays cheap (PEP 562 module __getattr__): DataProto pulls torch and tensordict",
-    ("verl/trainer/main_ppo.py", "verl.utils"):
-        "defensive import of hf_tokenizer / hf_processor, which arrive with vision-language support "
-        "(verl/utils/tokenizer.py): import them at the top once that module is committed",
 }
 OPTIONAL_COMMENT = "optional"
 

@@ -26,7 +26,6 @@ import hydra
 import ray
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
-from transformers import AutoTokenizer
 
 from verl.single_controller.ray import RayWorkerGroup
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
@@ -37,6 +36,7 @@ from verl.utils.config import ConfigError, check_overrides
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
 from verl.utils.fs import copy_to_local
 from verl.utils.import_utils import import_external_libs
+from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers import fsdp_workers, megatron_workers
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
@@ -318,18 +318,9 @@ def load_tokenizer_and_processor(config: DictConfig):
     model_cfg = config.actor_rollout_ref.model
     path = copy_to_local(model_cfg.get("tokenizer_path") or model_cfg.path, use_shm=model_cfg.get("use_shm", False))
     trust = bool(config.data.get("trust_remote_code", False) or model_cfg.get("trust_remote_code", False))
-    try:
-        from verl.utils import hf_processor, hf_tokenizer  # verl's helpers when present
-    except ImportError:
-        hf_tokenizer = hf_processor = None
-    if hf_tokenizer is not None:
-        tokenizer = hf_tokenizer(path, trust_remote_code=trust)
-        processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
-        return tokenizer, processor
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, None
+    tokenizer = hf_tokenizer(path, trust_remote_code=trust)
+    processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
+    return tokenizer, processor
 
 
 # ------------------------------------------------------------------------------------------------ CLI
