@@ -73,6 +73,11 @@ def _register_sp_dispatch(worker: Worker, mesh: str, role_cfg) -> int:
     return world // sp
 
 
+def _has_images(prompts: DataProto) -> bool:
+    data = prompts.non_tensor_batch.get("multi_modal_data")
+    return data is not None and any(isinstance(d, dict) and d.get("image") for d in data)
+
+
 # ------------------------------------------------------------------------------------ actor/rollout/ref
 class ActorRolloutRefWorker(Worker):
     """Policy roles in one process; see the module docstring for ``role``.
@@ -219,8 +224,9 @@ class ActorRolloutRefWorker(Worker):
 
     def _rollout_generate(self, prompts: DataProto) -> DataProto:
         """``rollout.mode=sync``: the engine's batch call. ``async`` (verl's default): the agent loop over the
-        request-level API, one episode per sample, the loop chosen by the row's ``agent_name``."""
-        if str(cfg_get(self.config.rollout, "mode", "async")) != "async":
+        request-level API, one episode per sample, the loop chosen by the row's ``agent_name``. Prompts with
+        images always take the batch call (the agent loop does not carry images)."""
+        if str(cfg_get(self.config.rollout, "mode", "async")) != "async" or _has_images(prompts):
             return self.rollout.generate_sequences(prompts=prompts)
         if getattr(self, "_agent_loop_worker", None) is None:
             self._agent_loop_worker = AgentLoopWorker(self.config, self.rollout, self.tokenizer)
