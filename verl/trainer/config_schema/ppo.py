@@ -20,7 +20,7 @@ DEVICES = ("auto", "cuda", "npu", "cpu")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_LEVELS = (None, "token", "sequence")  # verl.trainer.ppo.rollout_corr.IS_LEVELS (a test keeps them equal)
 REWEIGHT_METHODS = ("pow", "max_min", "max_random")  # verl.trainer.ppo.pf_ppo.REWEIGHT_METHODS (same)
-NO_MULTIMODAL = "multi-modal inputs are not available yet; leave the default"
+NO_MULTIMODAL = "videos are not supported (images are: data.image_key); leave the default"
 NO_RS = "rejection sampling is not available; leave it null"
 
 
@@ -77,9 +77,10 @@ class DataConfig(Section):
     truncation: str = key("error", "overlong prompts: error | left | right | middle", choices=TRUNCATIONS,
                           read_in=(RL_DATA,))
     trust_remote_code: bool = key(False, "allow tokenizer code from the checkpoint", read_in=(MAIN,))
-    image_key: str = key("images", "column of images", unsupported=NO_MULTIMODAL)
+    image_key: str = key("images", "column of images (with a vision-language model)", read_in=(RL_DATA,))
     video_key: str = key("videos", "column of videos", unsupported=NO_MULTIMODAL)
-    return_multi_modal_inputs: bool = key(True, "return processor outputs", unsupported=NO_MULTIMODAL)
+    return_multi_modal_inputs: bool = key(True, "return processor outputs (false: images reach the rollout only)",
+                                          read_in=(RL_DATA,))
     use_shm: bool = key(False, "copy the data to /dev/shm",
                         unsupported="the data is read from its path directly; leave false")
     apply_chat_template_kwargs: dict = key({}, "free-form chat-template arguments (e.g. enable_thinking)",
