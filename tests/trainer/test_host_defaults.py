@@ -154,3 +154,22 @@ def test_ray_workers_run_at_normal_priority_on_cpu(monkeypatch, defaults):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # joining a cluster: its settings stay
     resolve_host_defaults(_compose(["trainer.device=cpu"]), set(), defaults)
     assert host_defaults.NICENESS_ENV not in os.environ
+
+
+RESHARD = ("actor_rollout_ref.actor.fsdp_config.reshard_after_forward",
+           "actor_rollout_ref.ref.fsdp_config.reshard_after_forward", "critic.model.fsdp_config.reshard_after_forward")
+
+
+def test_one_process_keeps_gathered_parameters(monkeypatch, defaults):
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: True)
+    cfg = _compose(["trainer.device=cpu", "trainer.n_gpus_per_node=1"])
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert all(_select(cfg, key) is False for key in RESHARD)
+    assert f"{RESHARD[0]}: True -> False" in str(choices)
+    # two processes shard for real; a value the user named stays
+    cfg = _compose(["trainer.device=cpu", "trainer.n_gpus_per_node=2"])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert all(_select(cfg, key) is True for key in RESHARD)
+    cfg = _compose(["trainer.device=cpu", "trainer.n_gpus_per_node=1", f"{RESHARD[0]}=true"])
+    resolve_host_defaults(cfg, {RESHARD[0]}, defaults)
+    assert _select(cfg, RESHARD[0]) is True and _select(cfg, RESHARD[2]) is False
