@@ -1,6 +1,7 @@
 """HF rollout of a tiny Qwen2-VL with images: the images reach generation, the reported log-probs equal the
 training forward's, positions continue in all three rope rows, and image placeholder tokens are never sampled."""
 
+import importlib.util
 import io
 
 import pyarrow as pa
@@ -78,3 +79,12 @@ def test_images_without_a_processor_are_refused(tmp_path, tiny_vlm_dir):
                         module=load_causal_lm(tiny_vlm_dir), dtype="float32")
     with pytest.raises(ValueError, match="prompts carry images .* no image processor"):
         rollout.generate_sequences(gen)
+
+
+def test_vllm_rollout_refuses_a_vision_model_without_torchvision(tiny_vlm_dir):
+    if importlib.util.find_spec("torchvision") is not None or importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM's Qwen2-VL can run here (torchvision installed) or vLLM is absent")
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout  # optional heavy dependency: imports vllm
+
+    with pytest.raises(ImportError, match="rollout.name=vllm cannot serve the vision-language model .* torchvision"):
+        vLLMRollout(config=OmegaConf.create({"response_length": 4}), model_path=tiny_vlm_dir)

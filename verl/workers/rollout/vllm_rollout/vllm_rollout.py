@@ -23,7 +23,10 @@ reports temperature-1 logprobs. Both match the HF rollout's convention.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
+import os
 import time
 from typing import Any, Iterable, Iterator
 
@@ -48,6 +51,23 @@ logger = logging.getLogger(__name__)
 # name segments that wrappers (DDP/FSDP1, torch.compile, activation checkpointing) insert into HF names
 _WRAPPER_SEGMENTS = frozenset({"module", "_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def refuse_vision_model_without_torchvision(model_path: str) -> None:
+    """vLLM's vision-language models (Qwen2-VL, ...) import transformers' torchvision image processors when the
+    engine inspects the architecture; without torchvision vLLM fails there with a message that does not say
+    why. Say it before building the engine."""
+    config_file = os.path.join(model_path, "config.json")
+    if not os.path.isfile(config_file) or importlib.util.find_spec("torchvision") is not None:
+        return
+    with open(config_file) as f:
+        config = json.load(f)
+    if "vision_config" in config:
+        raise ImportError(
+            f"actor_rollout_ref.rollout.name=vllm cannot serve the vision-language model at {model_path} here: "
+            f"vLLM's {config.get('model_type', 'vision')} model imports transformers' torchvision image "
+            "processor and torchvision is not installed (its PyPI builds need CUDA). Use "
+            "actor_rollout_ref.rollout.name=hf, or install a torchvision that matches torch")
 
 
 def _plain_name(name: str) -> str:
@@ -138,6 +158,7 @@ class vLLMRollout(BaseRollout):
             raise ValueError("vLLMRollout needs model_path (the HF model directory the engine is built from)")
         self.config = config
         self.model_path = str(model_path)
+        refuse_vision_model_without_torchvision(self.model_path)
         self.on_cpu = get_device_name() == "cpu"
         self.response_length = int(cfg_get(config, "response_length", 512))
         self.ignore_eos = bool(cfg_get(config, "ignore_eos", False))
