@@ -5,7 +5,7 @@ An agent written against an OpenAI client (``openai.AsyncOpenAI``, or anything s
 the worker's request-level engine (``AsyncLLMServerManager.generate``: token ids + log-probs) and *recorded*, so the
 episode trains like a ``tool_agent`` episode:
 
-* one session per episode; its requests form a trajectory: the first request's rendered messages are the prompt,
+* a chat session per episode; its requests form a trajectory: the first request's rendered messages are the prompt,
   every sampled token is in the response with ``response_mask`` 1 and its log-prob;
 * a later request that repeats the conversation so far (the earlier messages and the assistant reply it got)
   and adds messages (a tool result, a user turn) continues the trajectory: only the added messages are rendered
@@ -444,7 +444,7 @@ class LoopbackServer:
         self._loop.run_forever()
 
     def url(self, session: ChatSession) -> str:
-        """``base_url`` for an OpenAI client of this session."""
+        """``base_url`` for an OpenAI client of the chat session ``session``."""
         return f"http://{self.host}:{self.port}/s/{session.session_id}/v1"
 
     def open(self, session: ChatSession) -> str:
