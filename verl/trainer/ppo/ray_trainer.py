@@ -561,10 +561,14 @@ class RayPPOTrainer(ValidationMixin):
             self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), None, self.global_steps,
                                            max_ckpt_to_keep=max_critic)
         os.makedirs(folder, exist_ok=True)
-        torch.save(self.train_dataloader.state_dict(), os.path.join(folder, "data.pt"))
+        torch.save(self._loader_checkpoint_state(), os.path.join(folder, "data.pt"))
         torch.save(self._driver_state(), os.path.join(folder, "trainer_state.pt"))
         mark_latest(root, self.global_steps)  # last: a crash before this line leaves the previous step as latest
         prune_checkpoints(root, max_actor, max_critic)
+
+    def _loader_checkpoint_state(self) -> dict:
+        """The data loader position a checkpoint records (a trainer that draws ahead returns an earlier one)."""
+        return self.train_dataloader.state_dict()
 
     def _load_checkpoint(self) -> int:
         mode = self.config.trainer.get("resume_mode", "auto")
