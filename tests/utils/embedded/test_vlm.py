@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 
+import pytest
 import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2VLProcessor
@@ -69,3 +70,5 @@ def test_colour_task_rows_and_reward():
     assert compute_score("embedded/colours", "it is blue", "blue") == 0.5
     assert compute_score("embedded/colours", "red", "blue") == 0.1
     assert compute_score("embedded/colours", "xyz", "blue") == 0.0
+    assert compute_score("embedded/colours", "bxzz", "blue") == pytest.approx(0.05 * 0.25)
+    assert compute_score("embedded/colours", "", "blue") == 0.0

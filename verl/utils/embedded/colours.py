@@ -9,7 +9,9 @@ multimodal parquet schema (``images`` holds ``{"bytes": <PNG>}`` dicts, as ``dat
      "reward_model": {"style": "rule", "ground_truth": "red"}, "extra_info": {"split": "train", "index": 0}}
 
 The rule reward (:func:`compute_score`) gives 1 for an answer that starts with the right colour, 0.5 when the
-right colour appears later, 0.1 for naming a wrong colour (the answer has the right form), 0 otherwise.
+right colour appears later, 0.1 for naming a wrong colour (the answer has the right form), and otherwise 0.05
+times the share of the answer's characters that occur in the right colour's name: a signal that already depends
+on the image for a randomly initialised model, whose answers name no colour at all.
 
     python -m verl.utils.embedded.colours --local_dir ~/data/colours --train_size 256 --test_size 32
 """
@@ -84,7 +86,7 @@ def compute_score(data_source, solution_str: str, ground_truth: str, extra_info=
         return 0.5
     if any(name in answer for name in COLOURS):
         return 0.1
-    return 0.0
+    return 0.05 * sum(ch in truth for ch in answer) / len(answer) if answer else 0.0
 
 
 def write_parquet(rows: list[dict], path: str) -> str:
