@@ -29,9 +29,9 @@ from verl.experimental.agent_loop.config import check_agent_loop_config
 from verl.trainer.config_schema.megatron import check_megatron_config
 from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, choices_message
+from verl.trainer.host_defaults import OLD_LOG_PROB_KEY, old_log_prob_update_blocker
 from verl.trainer.ppo import core_algos
 from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
-from verl.trainer.host_defaults import OLD_LOG_PROB_KEY, old_log_prob_update_blocker
 from verl.utils.config import ConfigError, unresolved_value
 from verl.utils import device as device_utils
 from verl.utils.device import resolve_device
@@ -362,13 +362,13 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     _check_kl_type(f"{AR}.actor.kl_loss_type", _get(config, f"{AR}.actor.kl_loss_type"))
     _check_kl_type("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"))
     _check_pf_ppo(config)
+    _check_rollout_correction(config)
+    _check_grad_clip(config)
     if _get(config, OLD_LOG_PROB_KEY) == "update":
         blocker = old_log_prob_update_blocker(config)
         if blocker is not None:
             raise ConfigError(f"{OLD_LOG_PROB_KEY}=update is exact only with one update per batch, but {blocker}; "
                               f"use {OLD_LOG_PROB_KEY}=trainer")
-    _check_rollout_correction(config)
-    _check_grad_clip(config)
 
     # ---- resources and batch arithmetic
     n_gpus = _int(config, "trainer.nnodes") * _int(config, "trainer.n_gpus_per_node")
