@@ -18,6 +18,7 @@ Features and how to turn them on (``recipe/dpo/config/dpo_trainer.yaml``):
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from omegaconf import DictConfig
@@ -60,10 +61,12 @@ class DPOTrainer(RecipeDriver):
 
     # ------------------------------------------------------------------ the method
     def step(self) -> dict:
+        start = time.perf_counter()
         pairs, idx = self.next_pairs()                               # rows [y_w, y_l] per prompt x, interleaved
         pairs.batch[REF_KEY] = self.reference_logps("train", pairs, idx)   # log pi_ref(y | x)
         out = self.policy.update_with_loss(self.loss, pairs)         # -log sigmoid(beta * (h_w - h_l)), one step
         metrics = reduce_metrics(out.meta_info["metrics"])
+        metrics["timing_s/step"] = time.perf_counter() - start        # wall clock of the step, validation excluded
         return {f"train/{k}" if k.startswith(("rewards/", "logps/")) else k: v for k, v in metrics.items()}
 
     # ------------------------------------------------------------------ helpers
