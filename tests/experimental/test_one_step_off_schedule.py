@@ -53,6 +53,18 @@ def test_step_k_trains_on_batch_k_sampled_one_update_behind():
     assert schedule.in_flight is None
 
 
+def test_overlap_false_is_the_synchronous_baseline():
+    rollout = FakeRollout()
+    schedule = OneStepOffSchedule(rollout.launch, rollout.push, overlap=False)
+    for k in (1, 2, 3):
+        current = schedule.step(f"p{k}", f"p{k + 1}")
+        assert current.future == {"prompts": f"p{k}", "sampled_with": k - 1} and schedule.staleness(current) == 0
+        assert schedule.in_flight is None
+        schedule.actor_version += 1
+    assert rollout.events == [("push", 0), ("launch", "p1"), ("push", 1), ("launch", "p2"), ("push", 2),
+                              ("launch", "p3")]
+
+
 def test_resume_regenerates_the_in_flight_batch_synchronously():
     # resumed after step 2 (actor version 2): nothing is in flight, so step 3 generates its own batch with the
     # restored weights, pushed first because the rollout holds the model file
@@ -83,6 +95,7 @@ def test_config_defaults_and_shared_config():
     (["rollout.n_gpus_per_node=4096"], "rollout.n_gpus_per_node=4096"),
     (["rollout.nnodes=0"], "rollout.nnodes=0"),
     (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax"),
+    (["rollout.overlap=3"], "rollout.overlap=3"),
 ])
 def test_config_errors_name_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

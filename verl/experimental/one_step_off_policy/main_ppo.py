@@ -31,6 +31,7 @@ CONFIG_NAME = "one_step_off_ppo_trainer"
 class RolloutPool:
     nnodes: int
     n_gpus_per_node: int
+    overlap: bool = True
 
     @property
     def spec(self) -> list[int]:
@@ -63,7 +64,11 @@ def check_one_step_off_config(config: DictConfig) -> RolloutPool:
     if OmegaConf.select(config, "algorithm.adv_estimator") == "remax":
         raise ConfigError("algorithm.adv_estimator=remax needs a greedy generation with the current weights every "
                           "step, which a one-step-off rollout cannot give; use grpo, rloo or gae")
-    pool = RolloutPool(_positive_int(config, "rollout.nnodes"), _positive_int(config, "rollout.n_gpus_per_node"))
+    overlap = OmegaConf.select(config, "rollout.overlap", default=True)
+    if not isinstance(overlap, bool):
+        raise ConfigError(f"rollout.overlap={overlap!r} must be true or false")
+    pool = RolloutPool(_positive_int(config, "rollout.nnodes"), _positive_int(config, "rollout.n_gpus_per_node"),
+                       overlap)
     trainer_nodes = _positive_int(config, "trainer.nnodes")
     trainer_per_node = _positive_int(config, "trainer.n_gpus_per_node")
     if pool.nnodes == 1 and trainer_nodes == 1:
@@ -102,7 +107,8 @@ class OneStepOffTaskRunner(TaskRunner):
     rollout_pool: RolloutPool | None = None
 
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
-        self.trainer_cls = partial(OneStepOffRayTrainer, rollout_pool_spec=self.rollout_pool.spec)
+        self.trainer_cls = partial(OneStepOffRayTrainer, rollout_pool_spec=self.rollout_pool.spec,
+                                   overlap=self.rollout_pool.overlap)
         super().run(config, placement)
 
 

@@ -66,8 +66,8 @@ class OneStepOffSchedule:
     brings the rollout to ``version``. :meth:`step` returns the batch to train on now, having launched the next
     one; the caller bumps :attr:`actor_version` after each update."""
 
-    def __init__(self, launch, push):
-        self._launch, self._push = launch, push
+    def __init__(self, launch, push, overlap: bool = True):
+        self._launch, self._push, self.overlap = launch, push, overlap
         self.actor_version = 0
         self.rollout_version: Optional[int] = None  # None: the rollout holds the model file's weights
         self.in_flight: Optional[InFlight] = None
@@ -80,9 +80,11 @@ class OneStepOffSchedule:
 
     def step(self, prompts, next_prompts=None) -> InFlight:
         """The generation to train on for ``prompts`` (waited for by the caller via ``.future``), after launching
-        the one for ``next_prompts`` (None at the last step). A step with nothing in flight is synchronous."""
+        the one for ``next_prompts`` (None at the last step). A step with nothing in flight is synchronous; with
+        ``overlap=False`` every step is (the synchronous baseline on the same pools)."""
         current = self.in_flight if self.in_flight is not None else self.start(prompts)
-        self.in_flight = self.start(next_prompts) if next_prompts is not None else None
+        launch_next = next_prompts is not None and self.overlap
+        self.in_flight = self.start(next_prompts) if launch_next else None
         return current
 
     def staleness(self, current: InFlight) -> int:
@@ -92,8 +94,9 @@ class OneStepOffSchedule:
 class OneStepOffRayTrainer(RayPPOTrainer):
     """:class:`RayPPOTrainer` with the rollout on its own pool, one generation ahead of training (module doc)."""
 
-    def __init__(self, *args, rollout_pool_spec: list[int], **kwargs):
+    def __init__(self, *args, rollout_pool_spec: list[int], overlap: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        self.overlap = overlap
         self.rollout_pool_spec = list(rollout_pool_spec)
         self.rollout_wg = None
         self._schedule: Optional[OneStepOffSchedule] = None
@@ -149,7 +152,7 @@ class OneStepOffRayTrainer(RayPPOTrainer):
         self.rollout_wg.init_model()
         if self.ref_in_actor and self.use_reference_policy:
             self.ref_policy_wg = self.actor_rollout_wg
-        self._schedule = OneStepOffSchedule(self._launch_generation, self._push_weights)
+        self._schedule = OneStepOffSchedule(self._launch_generation, self._push_weights, self.overlap)
 
     # ------------------------------------------------------------------------------------- weights
     def _push_weights(self, version: int) -> None:
@@ -223,7 +226,7 @@ class OneStepOffRayTrainer(RayPPOTrainer):
         current_prompts = None if schedule.in_flight is not None else self._prepare_prompts(batch)
         next_prompts = None
         with marked_timer("launch_next", timing_raw):
-            if self.global_steps < self.total_training_steps:
+            if self.global_steps < self.total_training_steps and self.overlap:
                 nxt = self._draw_next()
                 next_prompts = self._prepare_prompts(DataProto.from_single_dict(nxt)) if nxt is not None else None
             else:
