@@ -116,7 +116,7 @@ def runner_for(pool: RolloutPool) -> type:
     return type("OneStepOffTaskRunner", (OneStepOffTaskRunner,), {"rollout_pool": pool})
 
 
-@hydra.main(config_path="config", config_name=CONFIG_NAME, version_base=None)
+@hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base=None)
 def main(config: DictConfig) -> None:
     try:
         pool = check_one_step_off_config(config)
