@@ -3,8 +3,7 @@ rollout (its own pool, a rollout engine only), plus the weight hand-off between 
 
 Weight transport: every actor rank takes part in gathering the full (unsharded) tensors, rank 0 puts them into
 Ray's object store once as one ``{hf_name: tensor}`` dict and returns the object ref; the driver forwards that ref
-to every rollout rank, which fetches it (zero-copy for rank-local reads on one node) and loads it into its
-engine. The driver never deserializes the weights. The alternative, a gloo group spanning both pools, would
+to every rollout rank, which fetches it and loads it into its engine. The driver never deserializes the weights. The alternative, a gloo group spanning both pools, would
 need both pools to enter a collective at the same moment, which blocks the rollout's in-flight generation;
 the object store lets the push overlap with nothing but its own copy.
 """
