@@ -9,14 +9,12 @@ decoder layer routes each token to ``num_experts_per_tok`` of ``num_experts`` sm
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
-import tempfile
 
 import torch
 from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from verl.utils.embedded.dirs import write_new_dir
 from verl.utils.embedded.tokenizer import (BOS_TOKEN_ID, EOS_TOKEN_ID, MODEL_MAX_LENGTH, PAD_TOKEN_ID, VOCAB_SIZE,
                                            save_tokenizer)
 
@@ -54,22 +52,11 @@ def make_moe_model_dir(out_dir: str, seed: int = 0, **config_kwargs) -> str:
     The checkpoint holds one tensor per expert (``mlp.experts.<i>.{gate,up,down}_proj.weight``), the layout
     vLLM and older transformers read.
     """
-    out_dir = os.path.abspath(os.path.expanduser(out_dir))
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} already exists and is not empty; choose another directory")
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
+    def write(tmp_dir: str) -> None:
         build_moe_model(seed, **config_kwargs).save_pretrained(tmp_dir, safe_serialization=True)
         save_tokenizer(tmp_dir)
-        os.chmod(tmp_dir, 0o755)
-        if os.path.exists(out_dir):
-            os.rmdir(out_dir)
-        os.rename(tmp_dir, out_dir)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    return out_dir
+
+    return write_new_dir(out_dir, write)
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import torch
 from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from verl.utils.embedded.dirs import write_new_dir
 from verl.utils.embedded.tokenizer import (BOS_TOKEN_ID, EOS_TOKEN_ID, MODEL_MAX_LENGTH, PAD_TOKEN_ID, VOCAB_SIZE,
                                            load_tokenizer)
 
@@ -131,22 +130,11 @@ def save_vlm_processor(out_dir: str, image_size: int = IMAGE_SIZE) -> None:
 
 def make_vlm_model_dir(out_dir: str, seed: int = 0, image_size: int = IMAGE_SIZE, **config_kwargs) -> str:
     """Write the tiny VLM as an HF directory at ``out_dir`` (written beside it, then renamed into place)."""
-    out_dir = os.path.abspath(os.path.expanduser(out_dir))
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} already exists and is not empty; choose another directory")
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
+    def write(tmp_dir: str) -> None:
         build_vlm_model(seed, **config_kwargs).save_pretrained(tmp_dir, safe_serialization=True)
         save_vlm_processor(tmp_dir, image_size)
-        os.chmod(tmp_dir, 0o755)
-        if os.path.exists(out_dir):
-            os.rmdir(out_dir)
-        os.rename(tmp_dir, out_dir)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    return out_dir
+
+    return write_new_dir(out_dir, write)
 
 
 def main(argv: list[str] | None = None) -> str:
