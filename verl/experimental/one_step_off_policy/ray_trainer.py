@@ -39,7 +39,6 @@ import torch
 import uuid
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
-from verl.single_controller.ray import RayClassWithInitArgs, create_colocated_worker_cls
 from verl.experimental.agent_loop.metrics import agent_loop_metrics
 from verl.experimental.one_step_off_policy.workers import DetachActorWorker, DetachRolloutWorker
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_response_mask
@@ -113,32 +112,7 @@ class OneStepOffRayTrainer(RayPPOTrainer):
         manager.mapping[Role.Rollout] = ROLLOUT_POOL
         self.role_worker_mapping[Role.ActorRollout] = ray.remote(DetachActorWorker)
         self.role_worker_mapping[Role.Rollout] = ray.remote(DetachRolloutWorker)
-        manager.create_resource_pool()
-        pool_to_classes: dict[Any, dict[str, RayClassWithInitArgs]] = {}
-
-        def add(which: Role, name: str, **init_kwargs) -> None:
-            pool = manager.get_resource_pool(which)
-            cls = RayClassWithInitArgs(cls=self.role_worker_mapping[which], **init_kwargs)
-            pool_to_classes.setdefault(pool, {})[name] = cls
-
-        add(Role.ActorRollout, "actor", config=self.config.actor_rollout_ref, role="actor")
-        add(Role.Rollout, "rollout", config=self.config.actor_rollout_ref, role="rollout")
-        if self.use_critic:
-            add(Role.Critic, "critic", config=self.config.critic)
-        if self.use_reference_policy and not self.ref_in_actor:
-            add(Role.RefPolicy, "ref", config=self.config.actor_rollout_ref, role="ref")
-        if self.use_rm:
-            add(Role.RewardModel, "rm", config=self.config.reward_model)
-
-        timeout = int(self.config.trainer.get("ray_wait_register_center_timeout", 300))
-        all_wg: dict[str, Any] = {}
-        self.wg_dicts = []
-        for pool, class_dict in pool_to_classes.items():
-            wg_dict = self.ray_worker_group_cls(resource_pool=pool,
-                                                ray_cls_with_init=create_colocated_worker_cls(class_dict=class_dict),
-                                                ray_wait_register_center_timeout=timeout)
-            all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
-            self.wg_dicts.append(wg_dict)
+        all_wg = self._spawn_worker_groups(self._worker_specs())
         print(f"One-step-off pools: {manager.resource_pool_spec}")
 
         self.critic_wg = self.ref_policy_wg = self.rm_wg = None
@@ -153,6 +127,12 @@ class OneStepOffRayTrainer(RayPPOTrainer):
         if self.ref_in_actor and self.use_reference_policy:
             self.ref_policy_wg = self.actor_rollout_wg
         self._schedule = OneStepOffSchedule(self._launch_generation, self._push_weights, self.overlap)
+
+    def _worker_specs(self) -> list[tuple[Role, str, dict]]:
+        """The PPO trainer's groups with its actor_rollout split in two: an actor-only group and the rollout."""
+        _, *others = super()._worker_specs()
+        return [(Role.ActorRollout, "actor", dict(config=self.config.actor_rollout_ref, role="actor")),
+                (Role.Rollout, "rollout", dict(config=self.config.actor_rollout_ref, role="rollout")), *others]
 
     # ------------------------------------------------------------------------------------- weights
     def _push_weights(self, version: int) -> None:

@@ -208,24 +208,25 @@ class RayPPOTrainer(ValidationMixin):
         trains on per step (DAPO's dynamic sampling: ``data.gen_batch_size``) overrides this."""
         return int(self.config.data.train_batch_size), "data.train_batch_size"
 
-    def init_workers(self) -> None:
-        """Create the resource pools and one colocated worker group per pool, then build the models."""
+    def _worker_specs(self) -> list[tuple[Role, str, dict]]:
+        """(role, worker-group name, init kwargs) of every worker group this trainer runs."""
+        specs = [(Role.ActorRollout, "actor_rollout", dict(config=self.config.actor_rollout_ref, role="actor_rollout"))]
+        if self.use_critic:
+            specs.append((Role.Critic, "critic", dict(config=self.config.critic)))
+        if self.use_reference_policy and not self.ref_in_actor:
+            specs.append((Role.RefPolicy, "ref", dict(config=self.config.actor_rollout_ref, role="ref")))
+        if self.use_rm:
+            specs.append((Role.RewardModel, "rm", dict(config=self.config.reward_model)))
+        return specs
+
+    def _spawn_worker_groups(self, specs: list[tuple[Role, str, dict]]) -> dict[str, Any]:
+        """Create the resource pools and one colocated worker group per pool for ``specs``; by name."""
         self.resource_pool_manager.create_resource_pool()
         pool_to_classes: dict[Any, dict[str, RayClassWithInitArgs]] = {}
-
-        def add(which: Role, name: str, **init_kwargs) -> None:
+        for which, name, init_kwargs in specs:
             pool = self.resource_pool_manager.get_resource_pool(which)
-            cls = RayClassWithInitArgs(cls=self.role_worker_mapping[which], **init_kwargs)
-            pool_to_classes.setdefault(pool, {})[name] = cls
-
-        add(Role.ActorRollout, "actor_rollout", config=self.config.actor_rollout_ref, role="actor_rollout")
-        if self.use_critic:
-            add(Role.Critic, "critic", config=self.config.critic)
-        if self.use_reference_policy and not self.ref_in_actor:
-            add(Role.RefPolicy, "ref", config=self.config.actor_rollout_ref, role="ref")
-        if self.use_rm:
-            add(Role.RewardModel, "rm", config=self.config.reward_model)
-
+            pool_to_classes.setdefault(pool, {})[name] = RayClassWithInitArgs(cls=self.role_worker_mapping[which],
+                                                                              **init_kwargs)
         timeout = int(self.config.trainer.get("ray_wait_register_center_timeout", 300))
         all_wg: dict[str, Any] = {}
         self.wg_dicts = []
@@ -235,6 +236,11 @@ class RayPPOTrainer(ValidationMixin):
                                                 ray_wait_register_center_timeout=timeout)
             all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
             self.wg_dicts.append(wg_dict)
+        return all_wg
+
+    def init_workers(self) -> None:
+        """Create the resource pools and one colocated worker group per pool, then build the models."""
+        all_wg = self._spawn_worker_groups(self._worker_specs())
 
         self.critic_wg = self.ref_policy_wg = self.rm_wg = None
         if self.use_critic:
