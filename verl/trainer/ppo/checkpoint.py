@@ -17,11 +17,13 @@ import os
 import re
 import shutil
 
+import torch
+
 from verl.protocol import WorkerError
 from verl.utils.fs import atomic_write_text
 
 __all__ = ["LATEST_FILE", "step_folder", "find_latest_ckpt_path", "mark_latest", "prune_checkpoints",
-           "list_step_folders", "stopped_run_error"]
+           "list_step_folders", "stopped_run_error", "CheckpointMixin"]
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
@@ -96,3 +98,79 @@ def stopped_run_error(err: WorkerError, step: int, root: str) -> WorkerError:
     stopped = WorkerError(msg, rank=err.rank, cause=err.cause)
     stopped.role = role
     return stopped
+
+
+class CheckpointMixin:
+    """Save and resume of ``RayPPOTrainer`` in the layout above. A trainer that draws data ahead or keeps
+    more driver state overrides ``_loader_checkpoint_state`` / ``_driver_state`` / ``_restore_driver_state``.
+
+    Needs on ``self``: ``config``, ``global_steps``, ``metric_history``, ``actor_rollout_wg``, ``use_critic``
+    (and ``critic_wg``), ``train_dataloader`` and ``kl_ctrl_in_reward``.
+    """
+
+    def _checkpoint_root(self) -> str:
+        return os.path.abspath(os.path.expanduser(str(self.config.trainer.default_local_dir)))
+
+    def _save_checkpoint(self) -> None:
+        root = self._checkpoint_root()
+        folder = step_folder(root, self.global_steps)
+        trainer_cfg = self.config.trainer
+        max_actor = trainer_cfg.get("max_actor_ckpt_to_keep", None)
+        max_critic = trainer_cfg.get("max_critic_ckpt_to_keep", None)
+        print(f"Saving checkpoint to {folder}")
+        self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), None, self.global_steps,
+                                              max_ckpt_to_keep=max_actor)
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), None, self.global_steps,
+                                           max_ckpt_to_keep=max_critic)
+        os.makedirs(folder, exist_ok=True)
+        torch.save(self._loader_checkpoint_state(), os.path.join(folder, "data.pt"))
+        torch.save(self._driver_state(), os.path.join(folder, "trainer_state.pt"))
+        mark_latest(root, self.global_steps)  # last: a crash before this line leaves the previous step as latest
+        prune_checkpoints(root, max_actor, max_critic)
+
+    def _loader_checkpoint_state(self) -> dict:
+        """The data loader position a checkpoint records (a trainer that draws ahead returns an earlier one)."""
+        return self.train_dataloader.state_dict()
+
+    def _load_checkpoint(self) -> int:
+        mode = self.config.trainer.get("resume_mode", "auto")
+        if mode == "disable":
+            return 0
+        if mode == "auto":
+            folder = find_latest_ckpt_path(self._checkpoint_root())
+            if folder is None:
+                print("Training from scratch")
+                return 0
+        elif mode == "resume_path":
+            folder = os.path.abspath(os.path.expanduser(str(self.config.trainer.resume_from_path)))
+        else:
+            raise ValueError(f"trainer.resume_mode={mode!r} is not one of: auto, disable, resume_path")
+        if "global_step_" not in folder:
+            raise ValueError(f"resume folder {folder} must be named global_step_N")
+        self.global_steps = int(folder.rstrip("/").split("global_step_")[-1])
+        print(f"Resuming from {folder} (global step {self.global_steps})")
+        delete = bool(self.config.trainer.get("del_local_ckpt_after_load", False))
+        self.actor_rollout_wg.load_checkpoint(os.path.join(folder, "actor"), del_local_after_load=delete)
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(os.path.join(folder, "critic"), del_local_after_load=delete)
+        data_path = os.path.join(folder, "data.pt")
+        if os.path.exists(data_path):
+            self.train_dataloader.load_state_dict(torch.load(data_path, weights_only=False))
+        else:
+            print(f"Warning: no dataloader state at {data_path}; the data order restarts")
+        state_path = os.path.join(folder, "trainer_state.pt")
+        if os.path.exists(state_path):
+            self._restore_driver_state(torch.load(state_path, weights_only=False))
+        return self.global_steps
+
+    def _driver_state(self) -> dict:
+        state = {"global_steps": self.global_steps, "metric_history": list(self.metric_history)}
+        if self.kl_ctrl_in_reward is not None:
+            state["kl_ctrl_value"] = float(self.kl_ctrl_in_reward.value)
+        return state
+
+    def _restore_driver_state(self, state: dict) -> None:
+        self.metric_history = list(state.get("metric_history", []))
+        if self.kl_ctrl_in_reward is not None and "kl_ctrl_value" in state:
+            self.kl_ctrl_in_reward.value = state["kl_ctrl_value"]

@@ -49,13 +49,7 @@ from verl.single_controller.ray import (
     create_colocated_worker_cls,
 )
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.checkpoint import (
-    find_latest_ckpt_path,
-    mark_latest,
-    prune_checkpoints,
-    step_folder,
-    stopped_run_error,
-)
+from verl.trainer.ppo.checkpoint import CheckpointMixin, stopped_run_error
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.dataloader import build_dataloader, release_loader_workers
 from verl.trainer.ppo.metric_utils import (
@@ -107,7 +101,7 @@ def compute_response_mask(data: DataProto) -> torch.Tensor:
     return response_attention_mask(data)
 
 
-class RayPPOTrainer(ValidationMixin):
+class RayPPOTrainer(CheckpointMixin, ValidationMixin):
     """PPO / GRPO driver over Ray worker groups (see the module docstring for the features)."""
 
     def __init__(
@@ -548,75 +542,6 @@ class RayPPOTrainer(ValidationMixin):
     def _due(self, freq: Optional[int], is_last_step: bool) -> bool:
         """Every ``freq`` steps and at the last step; never when ``freq`` <= 0."""
         return freq is not None and freq > 0 and (is_last_step or self.global_steps % freq == 0)
-
-    # ------------------------------------------------------------------------------------- validation
-    # ------------------------------------------------------------------------------------ checkpoints
-    def _checkpoint_root(self) -> str:
-        return os.path.abspath(os.path.expanduser(str(self.config.trainer.default_local_dir)))
-
-    def _save_checkpoint(self) -> None:
-        root = self._checkpoint_root()
-        folder = step_folder(root, self.global_steps)
-        trainer_cfg = self.config.trainer
-        max_actor = trainer_cfg.get("max_actor_ckpt_to_keep", None)
-        max_critic = trainer_cfg.get("max_critic_ckpt_to_keep", None)
-        print(f"Saving checkpoint to {folder}")
-        self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), None, self.global_steps,
-                                              max_ckpt_to_keep=max_actor)
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(os.path.join(folder, "critic"), None, self.global_steps,
-                                           max_ckpt_to_keep=max_critic)
-        os.makedirs(folder, exist_ok=True)
-        torch.save(self._loader_checkpoint_state(), os.path.join(folder, "data.pt"))
-        torch.save(self._driver_state(), os.path.join(folder, "trainer_state.pt"))
-        mark_latest(root, self.global_steps)  # last: a crash before this line leaves the previous step as latest
-        prune_checkpoints(root, max_actor, max_critic)
-
-    def _loader_checkpoint_state(self) -> dict:
-        """The data loader position a checkpoint records (a trainer that draws ahead returns an earlier one)."""
-        return self.train_dataloader.state_dict()
-
-    def _load_checkpoint(self) -> int:
-        mode = self.config.trainer.get("resume_mode", "auto")
-        if mode == "disable":
-            return 0
-        if mode == "auto":
-            folder = find_latest_ckpt_path(self._checkpoint_root())
-            if folder is None:
-                print("Training from scratch")
-                return 0
-        elif mode == "resume_path":
-            folder = os.path.abspath(os.path.expanduser(str(self.config.trainer.resume_from_path)))
-        else:
-            raise ValueError(f"trainer.resume_mode={mode!r} is not one of: auto, disable, resume_path")
-        if "global_step_" not in folder:
-            raise ValueError(f"resume folder {folder} must be named global_step_N")
-        self.global_steps = int(folder.rstrip("/").split("global_step_")[-1])
-        print(f"Resuming from {folder} (global step {self.global_steps})")
-        delete = bool(self.config.trainer.get("del_local_ckpt_after_load", False))
-        self.actor_rollout_wg.load_checkpoint(os.path.join(folder, "actor"), del_local_after_load=delete)
-        if self.use_critic:
-            self.critic_wg.load_checkpoint(os.path.join(folder, "critic"), del_local_after_load=delete)
-        data_path = os.path.join(folder, "data.pt")
-        if os.path.exists(data_path):
-            self.train_dataloader.load_state_dict(torch.load(data_path, weights_only=False))
-        else:
-            print(f"Warning: no dataloader state at {data_path}; the data order restarts")
-        state_path = os.path.join(folder, "trainer_state.pt")
-        if os.path.exists(state_path):
-            self._restore_driver_state(torch.load(state_path, weights_only=False))
-        return self.global_steps
-
-    def _driver_state(self) -> dict:
-        state = {"global_steps": self.global_steps, "metric_history": list(self.metric_history)}
-        if self.kl_ctrl_in_reward is not None:
-            state["kl_ctrl_value"] = float(self.kl_ctrl_in_reward.value)
-        return state
-
-    def _restore_driver_state(self, state: dict) -> None:
-        self.metric_history = list(state.get("metric_history", []))
-        if self.kl_ctrl_in_reward is not None and "kl_ctrl_value" in state:
-            self.kl_ctrl_in_reward.value = state["kl_ctrl_value"]
 
     # ----------------------------------------------------------------------------------------- finish
     def _finish(self) -> None:
