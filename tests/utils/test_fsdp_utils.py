@@ -199,3 +199,35 @@ def test_lr_schedules_come_from_transformers_and_keep_verl_numbers():
     assert const == pytest.approx([0.0, 0.25, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
     with pytest.raises(ValueError, match="lr_scheduler_type=cosine needs the total"):
         lrs({"lr_scheduler_type": "cosine"}, None, 1)
+
+
+def _foreach_worker(rank, world, out_dir):
+    from verl.utils.fsdp_utils import apply_fsdp2
+
+    torch.manual_seed(0)
+    ids = torch.randint(3, 200, (4, 6))
+    results = {}
+    for name, override in (("auto", None), ("loop", {"foreach": False})):
+        model = apply_fsdp2(tiny_model(seed=0), {"dtype": "fp32"})
+        opt = build_optimizer(model.parameters(), {"lr": 1e-2, "override_optimizer_config": override})
+        results[f"{name}_foreach"] = opt.defaults.get("foreach")
+        for _ in range(3):
+            model(input_ids=ids).logits.float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        results[name] = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    plain = tiny_model(seed=0)
+    results["plain_foreach"] = build_optimizer(plain.parameters(), {"lr": 1e-2}).defaults.get("foreach")
+    torch.save(results, f"{out_dir}/foreach.pt")
+
+
+@pytest.mark.e2e
+def test_fsdp2_params_on_cpu_get_the_foreach_adamw_with_the_same_update(tmp_path):
+    """DTensor parameters on CPU: ``foreach`` unless the user chose (override_optimizer_config), and 3 AdamW steps
+    give the same weights as torch's per-parameter loop; plain tensors keep torch's own choice."""
+    run_distributed(_foreach_worker, 1, str(tmp_path), err_dir=str(tmp_path))
+    res = torch.load(tmp_path / "foreach.pt", weights_only=False)
+    assert res["auto_foreach"] is True and res["loop_foreach"] is False and res["plain_foreach"] is None
+    for k, v in res["loop"].items():
+        assert torch.allclose(res["auto"][k], v, rtol=1e-6, atol=1e-7), k
+    assert any(not torch.equal(res["auto"][k], tiny_model(seed=0).state_dict()[k]) for k in res["auto"])

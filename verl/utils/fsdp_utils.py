@@ -19,6 +19,7 @@ Typical worker-side order (what ``fsdp_workers.py`` does)::
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -212,7 +213,19 @@ def build_optimizer(params: Iterable, optim_cfg) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("build_optimizer: no trainable parameters")
+    if _wants_foreach(cls, kwargs, params):
+        kwargs["foreach"] = True
     return cls(params, **kwargs)
+
+
+def _wants_foreach(cls, kwargs: dict, params: list) -> bool:
+    """True for FSDP2 (DTensor) parameters on CPU when the user chose no implementation: torch then picks its
+    per-parameter loop, which pays DTensor dispatch once per tensor per op (4x the step time of the same loop
+    on plain tensors for the tiny model); the ``foreach`` form computes the same update with one dispatch per
+    op over the whole list. On accelerators torch already picks ``foreach`` for DTensors."""
+    if "foreach" in kwargs or kwargs.get("fused") or "foreach" not in inspect.signature(cls).parameters:
+        return False
+    return any(isinstance(p, DTensor) and p.device.type == "cpu" for p in params)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int | None = None):
