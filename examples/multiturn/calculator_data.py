@@ -38,11 +38,12 @@ def main(argv=None):
     parser.add_argument("--train_size", type=int, default=512)
     parser.add_argument("--test_size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max_digits", type=int, default=3)
+    parser.add_argument("--min_digits", type=int, default=1, help="fewest operand digits")
+    parser.add_argument("--max_digits", type=int, default=3, help="most operand digits")
     parser.add_argument("--no_system_prompt", action="store_true", help="omit the tool instructions (short prompts)")
     parser.add_argument("--agent_name", default="tool_agent", help="the agent loop every row runs")
     args = parser.parse_args(argv)
-    config = ArithmeticConfig(max_digits=args.max_digits, operators="*")
+    config = ArithmeticConfig(min_digits=args.min_digits, max_digits=args.max_digits, operators="*")
     out = os.path.expanduser(args.local_dir)
     system = not args.no_system_prompt
     for split, size, seed in (("train", args.train_size, args.seed), ("test", args.test_size, args.seed + 1)):

@@ -98,7 +98,8 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--train_size", type=int, default=2048)
     parser.add_argument("--val_size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1000, help="problem seed (calculator_data.py uses 0 and 1)")
-    parser.add_argument("--max_digits", type=int, default=3, help="operand digits, as in calculator_data.py")
+    parser.add_argument("--min_digits", type=int, default=1, help="fewest operand digits, as in calculator_data.py")
+    parser.add_argument("--max_digits", type=int, default=3, help="most operand digits, as in calculator_data.py")
     parser.add_argument("--direct_share", type=float, default=0.0,
                         help="share of rows that answer without calling the tool (0..1)")
     parser.add_argument("--exclude", nargs="*", default=[],
@@ -109,8 +110,11 @@ def main(argv=None) -> list[str]:
         parser.error(f"--direct_share must be in [0, 1], got {args.direct_share}")
     if args.train_size < 1 or args.val_size < 0:
         parser.error("--train_size must be >= 1 and --val_size >= 0")
-    config = ArithmeticConfig(max_digits=args.max_digits, operators="*")
-    config.validate()
+    config = ArithmeticConfig(min_digits=args.min_digits, max_digits=args.max_digits, operators="*")
+    try:
+        config.validate()
+    except ValueError as err:
+        parser.error(str(err))
     try:
         exclude = excluded_expressions(args.exclude)
     except (OSError, ValueError) as err:

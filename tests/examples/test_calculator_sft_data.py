@@ -99,6 +99,19 @@ def test_exclusion_that_leaves_too_few_problems_fails_clearly(data):
     assert res.returncode == 2 and "new problems" in res.stderr and "Traceback" not in res.stderr and not (data / "x/train.parquet").exists()
     res = run("calculator_sft_data.py", "--local_dir", str(data / "x"), "--direct_share", "1.5")
     assert res.returncode == 2 and "--direct_share" in res.stderr
+    res = run("calculator_sft_data.py", "--local_dir", str(data / "x"), "--min_digits", "3", "--max_digits", "2")
+    assert res.returncode == 2 and "min_digits" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fixed_width_operands(tmp_path):
+    res = run("calculator_sft_data.py", "--local_dir", str(tmp_path), "--train_size", "16", "--val_size", "0",
+              "--min_digits", "3", "--max_digits", "3")
+    assert res.returncode == 0, res.stderr
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    assert not (tmp_path / "val.parquet").exists()
+    for row in rows:
+        a, b = row["extra_info"]["expression"].split("*")
+        assert len(a) == len(b) == 3 and row["messages"][0]["role"] == "system"  # system prompt by default
 
 
 def test_reward_scores_the_final_answer_and_counts_tool_use():
