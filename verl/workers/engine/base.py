@@ -17,6 +17,8 @@ What the engine computes is named by *outputs* of the forward pass, all aligned 
 ``entropy``   (B, R)  entropy of that next-token distribution
 ``values``    (B, R)  value head at the position *before* each response token (the PPO critic's V(s_t))
 ``scores``    (B, T)  a sequence classifier's head at every position of the whole sequence (reward models)
+``logits``    (B,R,V) the next-token logits (divided by ``temperature``) that score each response token: full
+                      distributions for distillation losses (FSDP engine without sequence parallel only)
 ============  ======  ===================================================================================
 
 A supervised loss over a whole sequence uses ``responses = input_ids[:, 1:]``: then ``log_probs`` covers every
@@ -49,7 +51,7 @@ __all__ = ["TrainEngine", "MicroBatchSpec", "TrainSpec", "LossContext", "OUTPUTS
 
 logger = logging.getLogger(__name__)
 
-OUTPUTS = ("log_probs", "entropy", "values", "scores")
+OUTPUTS = ("log_probs", "entropy", "values", "scores", "logits")
 
 
 @dataclass(frozen=True)

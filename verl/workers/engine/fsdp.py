@@ -31,7 +31,7 @@ from verl.utils.model import load_causal_lm, load_reward_model, load_value_model
 from verl.utils.ulysses import UlyssesGroups, check_ulysses_size, init_ulysses_groups
 from verl.workers.engine.base import TrainEngine
 from verl.workers.engine.config import EngineConfig
-from verl.workers.engine.hf_forward import forward_log_probs, forward_scores, forward_values
+from verl.workers.engine.hf_forward import forward_log_probs, forward_logits, forward_scores, forward_values
 from verl.workers.engine.ulysses import sp_forward_log_probs, sp_forward_values, ulysses_attention_active
 
 __all__ = ["FSDPEngine"]
@@ -154,10 +154,15 @@ class FSDPEngine(TrainEngine):
             out["values"] = forward_values(self.module, micro, self.use_remove_padding)
         if "scores" in outputs:
             out["scores"] = forward_scores(self.module, micro)
+        if "logits" in outputs:
+            out["logits"] = forward_logits(self.module, micro, temperature, self.use_remove_padding)
         return out
 
     def _sp_forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
         group, out = self.ulysses.sp_group, {}
+        if "logits" in outputs:
+            raise NotImplementedError(f"{self.name}: full logits are not computed with ulysses_sequence_parallel_size"
+                                      " > 1; use 1 for a distillation loss over the vocabulary")
         if "scores" in outputs:
             raise NotImplementedError(f"{self.name}: sequence-classifier scores are not computed with "
                                       "ulysses_sequence_parallel_size > 1; use 1 for a reward model")

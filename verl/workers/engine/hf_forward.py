@@ -24,7 +24,7 @@ from verl.utils.padding import (pack_batch, place_response_window, remove_paddin
                                 unpack_to_padded, valid_column_span)
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-__all__ = ["forward_log_probs", "forward_values", "forward_scores", "token_values"]
+__all__ = ["forward_log_probs", "forward_logits", "forward_values", "forward_scores", "token_values"]
 
 
 def _model_inputs(micro_batch, position_ids: torch.Tensor, batch_first: bool = True) -> dict:
@@ -80,6 +80,28 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
             ent = _entropy(logits, entropy_grad)
             entropy = place_response_window(ent, response_length, first)
     return entropy, log_probs.float()
+
+
+def forward_logits(module: nn.Module, micro_batch, temperature: float = 1.0,
+                   use_remove_padding: bool = False) -> torch.Tensor:
+    """Next-token logits (B, R, V) at the positions that score the R response tokens, divided by
+    ``temperature``; columns outside the computed window are 0. Full distributions are what distillation
+    losses compare. ``use_remove_padding`` computes only the valid columns (``trim``; a packed row is not used
+    here, so flash-attention models take the trimmed path too)."""
+    input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
+    response_length = micro_batch["responses"].shape[-1]
+    seqlen = input_ids.shape[1]
+    lo, hi = valid_column_span(attention_mask) if use_remove_padding else (0, seqlen)
+    s, e = response_window(seqlen, response_length, lo, hi)
+    output = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi], use_cache=False,
+                    **_model_inputs(micro_batch, micro_batch["position_ids"][..., lo:hi]))
+    logits = output.logits[:, s - lo : e - lo, :].float() / temperature
+    if logits.shape[1] == response_length:
+        return logits
+    first = s - (seqlen - response_length - 1)
+    out = logits.new_zeros(logits.shape[0], response_length, logits.shape[2])
+    out[:, first : first + logits.shape[1]] = logits
+    return out
 
 
 def token_values(output) -> torch.Tensor:

@@ -203,6 +203,9 @@ class MegatronEngine(TrainEngine):
             result["values"] = self._to_response(out[..., 0].float(), micro, starts, lengths)
         if "scores" in outputs:
             raise ValueError("the Megatron engine has no sequence-classification head (scores)")
+        if "logits" in outputs:
+            raise ValueError("the Megatron engine does not return full logits (vocabulary-parallel); use the FSDP "
+                             "engine for a distillation loss over the vocabulary")
         return result
 
     def forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
