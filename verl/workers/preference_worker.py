@@ -8,6 +8,8 @@ reference policy and checkpoints) plus three methods a driver calls over a worke
   ``TrainSpec`` travels in ``data.meta_info["train_spec"]``. Metrics come back averaged over micro-batches.
 - ``compute_seq_logps(data)`` / ``compute_ref_seq_logps(data)``: per-row sequence log-probs of the responses
   under the actor / the reference policy (``logps`` / ``ref_logps``; ``meta_info["average"]`` for the mean).
+- ``compute_token_outputs(data)``: per-token engine outputs (``log_probs``, full ``logits``) of the responses
+  under the reference model (a distillation teacher on a ``ref`` worker) or the actor.
 - ``save_hf_model(out_dir)``: the actor as a Hugging Face directory.
 
 ``RewardTrainerWorker`` trains a sequence classifier (engine ``model_kind="reward"``, a fresh scalar head on
@@ -87,6 +89,19 @@ class PreferenceWorker(ActorRolloutRefWorker):
             with self.actor_engine.disable_adapter():
                 return DataProto.from_dict({"ref_logps": self._seq_logps(self.actor_engine, data, "ref")})
         return DataProto.from_dict({"ref_logps": self._seq_logps(self.ref_engine, data, "ref")})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_token_outputs(self, data: DataProto) -> DataProto:
+        """Per-token outputs of the responses named by ``meta_info["outputs"]`` (engine outputs, e.g.
+        ``log_probs`` (B, R) or ``logits`` (B, R, V)) under the reference model of a ``ref`` worker (a
+        distillation teacher) or else the actor; keys are the output names. ``meta_info["temperature"]``
+        divides the logits (default 1)."""
+        outputs = tuple(data.meta_info.get("outputs") or ("log_probs",))
+        engine, section = (self.ref_engine, "ref") if self.ref_engine is not None else (
+            self._require_actor("compute_token_outputs"), "rollout")
+        spec = self._log_prob_micro.get(section) or MicroBatchSpec(micro_batch_size=len(data))
+        out = engine.infer(data, outputs, spec, float(data.meta_info.get("temperature", 1.0)))
+        return DataProto.from_dict({name: out[name] for name in outputs})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, out_dir: str):

@@ -106,13 +106,18 @@ def generalized_jsd(student_logits, teacher_logits, beta: float = 0.5, temperatu
     """Per-token generalized Jensen-Shannon divergence of GKD over the vocabulary (last dim):
 
     ``JSD_beta(P || Q) = beta KL(P || M) + (1 - beta) KL(Q || M)``, ``M = beta P + (1 - beta) Q``,
-    ``P`` the teacher, ``Q`` the student. It tends to a scaled forward KL as beta -> 0 and a scaled reverse KL
-    as beta -> 1; beta must lie strictly inside (0, 1) (use :func:`reverse_kl` for the end point).
+    ``P`` the teacher, ``Q`` the student. Divided by beta it tends to the forward KL as beta -> 0, and divided
+    by 1 - beta to the reverse KL as beta -> 1; the end points are those KLs, as in TRL's GKD trainer:
+    ``beta = 0`` gives ``KL(P || Q)`` and ``beta = 1`` gives ``KL(Q || P)``.
     """
-    if not 0.0 < beta < 1.0:
-        raise ValueError(f"generalized_jsd needs 0 < beta < 1, got {beta}; use reverse_kl for beta = 1")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"generalized_jsd needs 0 <= beta <= 1, got {beta}")
     log_q = F.log_softmax(student_logits / temperature, dim=-1)
     log_p = F.log_softmax(teacher_logits / temperature, dim=-1)
+    if beta == 0.0:
+        return (log_p.exp() * (log_p - log_q)).sum(-1)
+    if beta == 1.0:
+        return (log_q.exp() * (log_q - log_p)).sum(-1)
     log_m = torch.logsumexp(torch.stack([log_p + torch.log(torch.tensor(beta, dtype=log_p.dtype)),
                                          log_q + torch.log(torch.tensor(1.0 - beta, dtype=log_q.dtype))]), dim=0)
     kl_p_m = (log_p.exp() * (log_p - log_m)).sum(-1)
