@@ -124,7 +124,7 @@ def test_forward_only_engine_and_bad_specs_fail_clearly():
     with pytest.raises(ValueError, match="weight_by='rows' is not one of"):
         TrainSpec(mini_batch_size=2, weight_by="rows")
     with pytest.raises(ValueError, match="unknown engine outputs"):
-        TrainSpec(mini_batch_size=2, outputs=("logits",))
+        TrainSpec(mini_batch_size=2, outputs=("attention_maps",))
 
 
 def _two_rank_step(rank, world_size, out_dir, reduce_once):

@@ -16,6 +16,7 @@ CKPT = "verl/utils/checkpoint/"
 MODEL = "verl/utils/model.py"
 TRAINER = "verl/trainer/ppo/ray_trainer.py"
 VALIDATION = "verl/trainer/ppo/validation.py"
+CHECKPOINTING = "verl/trainer/ppo/checkpoint.py"  # the trainer's save/resume (CheckpointMixin)
 LOSS = "verl/trainer/ppo/policy_loss.py"
 KL = "verl/trainer/ppo/kl.py"
 ADV = "verl/trainer/ppo/advantage.py"

@@ -9,7 +9,7 @@ from typing import Optional, Union
 from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
 from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, TRACKING,
-                                               TRAINER, VALIDATION)
+                                               CHECKPOINTING, TRAINER, VALIDATION)
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, key, section
 
@@ -218,15 +218,19 @@ class TrainerConfig(Section):
                          read_in=(TRAINER,))
     resume_mode: str = key("auto", "auto (latest under default_local_dir) | disable | resume_path", choices=RESUME_MODES,
                            read_in=(TRAINER,))
-    resume_from_path: Optional[str] = key(None, ".../global_step_N with resume_mode=resume_path", read_in=(TRAINER,))
-    del_local_ckpt_after_load: bool = key(False, "delete the checkpoint after resuming from it", read_in=(TRAINER,))
+    resume_from_path: Optional[str] = key(None, ".../global_step_N with resume_mode=resume_path",
+                                          read_in=(CHECKPOINTING,))
+    del_local_ckpt_after_load: bool = key(False, "delete the checkpoint after resuming from it",
+                                         read_in=(CHECKPOINTING,))
     critic_warmup: int = key(0, "steps that train only the critic", ge=0, read_in=(TRAINER,))
     default_local_dir: str = key("checkpoints/${trainer.project_name}/${trainer.experiment_name}",
-                                 "checkpoint root", read_in=(TRAINER,))
+                                 "checkpoint root", read_in=(TRAINER, CHECKPOINTING))
     default_hdfs_dir: Optional[str] = key(None, "HDFS checkpoint copy", unsupported="HDFS is not supported; leave it "
                                           "null and use trainer.default_local_dir")
-    max_actor_ckpt_to_keep: Optional[int] = key(None, "actor checkpoints kept (null: all)", ge=1, read_in=(TRAINER,))
-    max_critic_ckpt_to_keep: Optional[int] = key(None, "critic checkpoints kept (null: all)", ge=1, read_in=(TRAINER,))
+    max_actor_ckpt_to_keep: Optional[int] = key(None, "actor checkpoints kept (null: all)", ge=1,
+                                              read_in=(CHECKPOINTING,))
+    max_critic_ckpt_to_keep: Optional[int] = key(None, "critic checkpoints kept (null: all)", ge=1,
+                                               read_in=(CHECKPOINTING,))
     ray_wait_register_center_timeout: int = key(300, "seconds to wait for the workers to register", gt=0,
                                                 read_in=(TRAINER,))
     use_legacy_worker_impl: str = key("auto", "verl's legacy/new worker switch", choices=("auto", "enable", "disable"),
