@@ -11,6 +11,8 @@ reference policy and checkpoints) plus three methods a driver calls over a worke
 - ``compute_token_outputs(data)``: per-token engine outputs (``log_probs``, full ``logits``) of the responses
   under the reference model (a distillation teacher on a ``ref`` worker) or the actor.
 - ``save_hf_model(out_dir)``: the actor as a Hugging Face directory.
+- ``sync_ref_from_actor()``: the reference policy takes the actor's current weights (iterated methods whose
+  reference is the previous iterate: SPIN, SPPO).
 
 ``RewardTrainerWorker`` trains a sequence classifier (engine ``model_kind="reward"``, a fresh scalar head on
 the ``actor_rollout_ref.model.path`` body, optimizer from ``actor_rollout_ref.actor.optim``):
@@ -106,6 +108,36 @@ class PreferenceWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, out_dir: str):
         return self._require_actor("save_hf_model").save_hf_model(out_dir, self.tokenizer)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_ref_from_actor(self) -> int:
+        """Copy the actor's parameters into the reference engine, shard by shard (both are built from the same
+        model on the same device mesh, so each rank holds matching shards). Returns the number of tensors."""
+        actor = self._require_actor("sync_ref_from_actor")
+        if self.ref_engine is None:
+            raise RuntimeError("sync_ref_from_actor needs a separate reference model (role actor_rollout_ref "
+                               "without LoRA; a LoRA reference is the actor with its adapters off)")
+        if not hasattr(actor, "module") or not hasattr(self.ref_engine, "module"):
+            raise RuntimeError("sync_ref_from_actor supports FSDP engines (actor.strategy=fsdp/fsdp2)")
+        ref_params = dict(self.ref_engine.module.named_parameters())
+        actor.onload()
+        self.ref_engine.onload()
+        copied = 0
+        try:
+            with torch.no_grad():
+                for name, param in actor.module.named_parameters():
+                    target = ref_params.get(name)
+                    src = param.to_local() if hasattr(param, "to_local") else param.data
+                    dst = target.to_local() if hasattr(target, "to_local") else getattr(target, "data", None)
+                    if dst is None or dst.shape != src.shape:
+                        raise RuntimeError(f"sync_ref_from_actor: the reference has no parameter {name!r} shaped "
+                                           f"like the actor's {tuple(src.shape)}; both must be the same model")
+                    dst.copy_(src)
+                    copied += 1
+        finally:
+            actor.offload()
+            self.ref_engine.offload()
+        return copied
 
 
 class RewardTrainerWorker(Worker):

@@ -16,6 +16,8 @@ caller's: the training engine weights each micro-batch by its share of the pairs
 ``bradley_terry``             Bradley & Terry 1952; reward-model training as in Ouyang et al. 2022, with the
                               optional margin of Touvron et al. 2023 (Llama 2)
 ``generalized_jsd``           Agarwal et al. 2024, "On-Policy Distillation of Language Models" (GKD, eq. 2)
+``sppo``                      Wu et al. 2024, "Self-Play Preference Optimization for Language Model Alignment"
+                              (the squared loss of eq. 3.6 / Algorithm 1)
 ============================  =====================================================================
 """
 
@@ -25,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["PAIRWISE_LOSSES", "pairwise_loss", "dpo_sigmoid_loss", "ipo_loss", "hinge_loss", "kto_loss",
-           "bradley_terry_loss", "generalized_jsd", "reverse_kl", "preference_metrics"]
+           "bradley_terry_loss", "generalized_jsd", "reverse_kl", "sppo_loss", "preference_metrics"]
 
 
 def _log_ratios(policy_chosen, policy_rejected, ref_chosen, ref_rejected):
@@ -130,6 +132,19 @@ def reverse_kl(student_logits, teacher_logits, temperature: float = 1.0):
     log_q = F.log_softmax(student_logits / temperature, dim=-1)
     log_p = F.log_softmax(teacher_logits / temperature, dim=-1)
     return (log_q.exp() * (log_q - log_p)).sum(-1)
+
+
+def sppo_loss(policy_logps, ref_logps, win_prob, eta: float = 1.0):
+    """SPPO per response: ``(log pi(y|x) - log pi_ref(y|x) - eta * (P(y > pi_ref | x) - 1/2))^2``.
+
+    ``win_prob`` is the estimated probability that ``y`` beats a response of the reference (the policy that
+    sampled it). The loss pulls the log-ratio of a response that wins more than half of its comparisons up to
+    ``eta * (P - 1/2)`` and of one that loses down, instead of pushing margins to infinity.
+    Returns ``(loss per response, log-ratio)``.
+    """
+    ratio = policy_logps - ref_logps
+    target = eta * (win_prob.to(ratio.dtype) - 0.5)
+    return (ratio - target) ** 2, ratio.detach()
 
 
 def preference_metrics(chosen_rewards, rejected_rewards, policy_chosen, policy_rejected) -> dict:

@@ -1,0 +1,127 @@
+"""Online preference recipes, pure parts: best-vs-worst pairing, win-probability estimation and the SPPO loss
+against float64 hand computations, and config errors that name their key (raised before any worker starts)."""
+
+import math
+import re
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.trainer.preference.losses import sppo_loss
+from verl.trainer.preference.online import (OnlinePreferenceDriver, SPPOLoss, best_worst_pairs, check_sampling,
+                                            win_probabilities)
+from verl.utils.config import ConfigError
+
+
+@pytest.mark.parametrize("scores, n, want", [
+    ([0.0, 1.0, 0.5, 0.0], 4, [(1, 0)]),                       # first of the tied worst
+    ([1.0, 1.0, 0.0, 0.0, 0.3, 0.3, 0.3, 0.3], 4, [(0, 2)]),   # second prompt all tied: no pair
+    ([0.2, 0.9, 0.5, 1.0, 0.7, 0.1], 3, [(1, 0), (3, 5)]),
+    ([0.0, 0.0, 0.0, 0.0], 2, []),
+    ([-1.0, 2.0], 2, [(1, 0)]),
+])
+def test_best_worst_pairs(scores, n, want):
+    assert best_worst_pairs(torch.tensor(scores), n) == want
+
+
+def test_pairing_needs_whole_groups_of_two_or_more():
+    with pytest.raises(ValueError, match="groups of n=4"):
+        best_worst_pairs(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="at least 2"):
+        best_worst_pairs(torch.zeros(3), 1)
+
+
+def test_indicator_win_probabilities_by_hand():
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.5, 2.0, 2.0], dtype=torch.float64)
+    p = win_probabilities(scores, 3, "indicator")
+    # prompt 1: y0 beats both (1); y1, y2 lose to y0 and tie each other: (0 + 0.5) / 2
+    # prompt 2: y3 loses to both (0); y4, y5 beat y3 and tie: (1 + 0.5) / 2
+    want = [1.0, 0.25, 0.25, 0.0, 0.75, 0.75]
+    assert p.dtype == torch.float64 and p.tolist() == want
+    assert p.reshape(2, 3).mean(1).tolist() == [0.5, 0.5]  # P(i > j) + P(j > i) = 1 within a prompt
+
+
+def test_bradley_terry_win_probabilities_by_hand():
+    s = [0.3, -1.2, 2.0, 0.0]
+    p = win_probabilities(torch.tensor(s, dtype=torch.float64), 4, "bradley_terry")
+    for i in range(4):
+        want = sum(1.0 / (1.0 + math.exp(-(s[i] - s[j]))) for j in range(4) if j != i) / 3
+        assert p[i].item() == pytest.approx(want, rel=1e-12)
+    assert p.mean().item() == pytest.approx(0.5, rel=1e-12)
+    with pytest.raises(ValueError, match="'elo' is not one of: indicator, bradley_terry"):
+        win_probabilities(torch.zeros(4), 2, "elo")
+
+
+def test_sppo_loss_by_hand():
+    pol = torch.tensor([-3.0, -5.5, -2.25], dtype=torch.float64)
+    ref = torch.tensor([-3.5, -5.0, -2.25], dtype=torch.float64)
+    win = torch.tensor([1.0, 0.25, 0.5], dtype=torch.float64)
+    loss, ratio = sppo_loss(pol, ref, win, eta=2.0)
+    want = [(0.5 - 2.0 * 0.5) ** 2, (-0.5 - 2.0 * -0.25) ** 2, (0.0 - 0.0) ** 2]
+    assert loss.tolist() == pytest.approx(want, rel=1e-12) and ratio.tolist() == [0.5, -0.5, 0.0]
+
+
+def test_sppo_engine_loss_is_the_mean_over_responses_with_gradient():
+    g = torch.Generator().manual_seed(0)
+    log_probs = (-torch.rand(4, 3, generator=g, dtype=torch.float64)).requires_grad_(True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], dtype=torch.float64)
+    ref = torch.tensor([-1.0, -1.5, -0.2, -0.9], dtype=torch.float64)
+    win = torch.tensor([0.9, 0.1, 0.5, 0.6], dtype=torch.float64)
+    loss, metrics = SPPOLoss(eta=3.0)({"log_probs": log_probs}, {"response_mask": mask, "ref_logps": ref,
+                                                                  "win_prob": win})
+    seq = [sum(log_probs[i, t].item() for t in range(3) if mask[i, t]) for i in range(4)]
+    terms = [(seq[i] - ref[i].item() - 3.0 * (win[i].item() - 0.5)) ** 2 for i in range(4)]
+    assert loss.item() == pytest.approx(sum(terms) / 4, rel=1e-12)
+    assert metrics["sppo/log_ratio/winners"].item() == pytest.approx((seq[0] - ref[0].item() + seq[3] - ref[3].item()) / 2)
+    loss.backward()
+    # d loss / d log_prob[i, t] = 2 (r_i - target_i) / 4 on the response tokens, 0 on padding
+    d0 = 2 * (seq[0] - ref[0].item() - 3.0 * 0.4) / 4
+    assert log_probs.grad[0].tolist() == pytest.approx([d0, d0, 0.0], rel=1e-12)
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.sppo_eta=0.0"):
+        SPPOLoss(eta=0.0)
+
+
+def _config(freq=-1, n=4, do_sample=True, lora=0):
+    return OmegaConf.create({"trainer": {"ref_update_freq": freq},
+                             "actor_rollout_ref": {"model": {"lora_rank": lora},
+                                                   "rollout": {"n": n, "do_sample": do_sample}}})
+
+
+@pytest.mark.parametrize("freq", [-1, 1, 3])
+def test_ref_update_freq_accepted(freq):
+    assert OnlinePreferenceDriver._check_ref_update_freq(_config(freq)) == freq
+
+
+@pytest.mark.parametrize("config, message", [
+    (_config(freq=0), "trainer.ref_update_freq=0"),
+    (_config(freq="often"), "trainer.ref_update_freq='often'"),
+    (_config(freq=1.5), "trainer.ref_update_freq=1.5"),
+    (_config(freq=2, lora=8), "trainer.ref_update_freq=2 with actor_rollout_ref.model.lora_rank=8"),
+])
+def test_ref_update_freq_errors_name_the_key(config, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        OnlinePreferenceDriver._check_ref_update_freq(config)
+
+
+def test_sampling_errors_name_the_key():
+    assert check_sampling(_config(n=4), min_n=2) == 4
+    with pytest.raises(ConfigError, match=re.escape("actor_rollout_ref.rollout.n=1")):
+        check_sampling(_config(n=1), min_n=2)
+    with pytest.raises(ConfigError, match=re.escape("actor_rollout_ref.rollout.do_sample=false")):
+        check_sampling(_config(do_sample=False), min_n=2)
+
+
+def test_online_dpo_config_errors_name_the_key():
+    from recipe.online_dpo.main_online_dpo import check_config
+
+    def cfg(**section):
+        base = {"loss_type": "sigmoid", "beta": 0.1, "label_smoothing": 0.0}
+        return OmegaConf.merge(_config(), {"online_dpo": {**base, **section}})
+
+    assert check_config(cfg()).beta == 0.1
+    for section, message in (({"loss_type": "kto"}, "loss_type='kto' is not a pairwise preference loss"),
+                             ({"beta": 0.0}, "beta must be > 0"),
+                             ({"label_smoothing": 0.7}, "label_smoothing must be in [0, 0.5)")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check_config(cfg(**section))
