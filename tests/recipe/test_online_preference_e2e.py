@@ -65,3 +65,20 @@ def test_online_dpo_pairs_trains_checkpoints_and_resumes(assets, tmp_path):
     assert "resumed from" in log and sorted(resumed) == [3]
     for key in ("critic/score/mean", "online_dpo/pairs", "train/rewards/margins", "actor/dpo_loss"):
         assert resumed[3][key] == pytest.approx(full[3][key], rel=1e-4, abs=1e-6), key
+
+
+def test_spin_reference_is_the_previous_iterate(assets, tmp_path):
+    args = _common(assets, tmp_path / "ckpt", 3) + ["trainer.ref_update_freq=2", "actor_rollout_ref.actor.dpo_beta=0.5",
+                                                     "spin.micro_batch_size_per_gpu=4"]
+    m, log = run_recipe("recipe.spin.main_spin", tmp_path / "spin", args)
+    assert sorted(m) == [0, 1, 2, 3] and 0.0 <= m[3]["val/greedy_match"] <= 1.0
+    for step in (1, 2, 3):
+        assert 0.0 <= m[step]["spin/generated_equals_target"] <= 1.0
+        assert math.isfinite(m[step]["actor/grad_norm"]) and m[step]["actor/grad_norm"] > 0
+    # steps 1 and 3 start from a reference equal to the policy (initial model; refreshed at step 2 -> 3)
+    for step in (1, 3):
+        assert abs(m[step]["train/rewards/chosen"]) < 1e-4 and abs(m[step]["train/rewards/rejected"]) < 1e-4, step
+        assert m[step]["actor/dpo_loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert m[2]["train/rewards/margins"] > 1e-3  # one step on the data moved the policy towards the targets
+    assert log.count("the reference policy is now the current policy") == 1
+

@@ -3,7 +3,8 @@
 Paired parquet (``PreferenceDataset``): ``prompt`` (a chat list ``[{"role", "content"}, ...]`` or a string),
 ``chosen`` and ``rejected`` (strings, or chat lists of the assistant turn(s)); optional ``margin`` (how much
 better ``chosen`` was rated; Bradley-Terry with a margin). Unpaired parquet for KTO
-(``UnpairedPreferenceDataset``): ``prompt``, ``completion``, ``label`` (true = desirable).
+(``UnpairedPreferenceDataset``): ``prompt``, ``completion``, ``label`` (true = desirable). Demonstrations for
+self-play against the data (``ResponseDataset``, SPIN): ``prompt`` and a target ``response``.
 
 Rendering: a chat prompt goes through the tokenizer's chat template with the generation prompt; a string
 prompt is wrapped as one user turn (``data.apply_chat_template=False`` keeps it raw). A string response gets the
@@ -31,7 +32,7 @@ from verl.protocol import DataProto
 from verl.trainer.preference.pairs import interleave_pairs
 from verl.utils.dataset.rl_dataset import _as_file_list, _cfg_get, left_pad, read_parquet_rows
 
-__all__ = ["PreferenceDataset", "UnpairedPreferenceDataset", "PreferenceDataError"]
+__all__ = ["PreferenceDataset", "UnpairedPreferenceDataset", "ResponseDataset", "PreferenceDataError"]
 
 logger = logging.getLogger(__name__)
 
@@ -258,3 +259,37 @@ class UnpairedPreferenceDataset(_Base):
         tensors = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
         tensors["label"] = torch.tensor([self.labels[i] for i in indices], dtype=torch.float32)
         return DataProto.from_dict(tensors)
+
+
+class ResponseDataset(_Base):
+    """Prompts with one target response each (``data.response_key``, default ``response``), e.g. SFT data.
+    ``targets(indices)`` gives the prompt + target rows in the rollout's layout, ``prompts(indices)`` the prompts
+    alone for generation."""
+
+    required = ("prompt", "response")
+
+    def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
+        self.keys = {"prompt": _cfg_get(config, "prompt_key", "prompt"),
+                     "response": _cfg_get(config, "response_key", "response")}
+        self.responses: list[list[int]] = []
+        super().__init__(data_files, tokenizer, config, max_samples)
+
+    def _add(self, row: dict, where: str) -> None:
+        key = self._key("response")
+        response = self.enc.response_ids(row[self._key("prompt")], row.get(key), key, where)
+        prompt_ids = self._prompt(row, where)
+        if prompt_ids is None:
+            return
+        self.rows.append(row)
+        self.prompt_ids.append(prompt_ids)
+        self.responses.append(response)
+
+    def _truncate(self, n: int) -> None:
+        self.responses = self.responses[:n]
+
+    def targets(self, indices) -> DataProto:
+        rows = [self.enc.encode(self.prompt_ids[i], self.responses[i]) for i in indices]
+        return DataProto.from_dict({k: torch.stack([r[k] for r in rows]) for k in rows[0]})
+
+    def target_texts(self, indices) -> list[str]:
+        return [self.tokenizer.decode(self.responses[i], skip_special_tokens=True) for i in indices]
