@@ -125,3 +125,101 @@ def test_online_dpo_config_errors_name_the_key():
                              ({"label_smoothing": 0.7}, "label_smoothing must be in [0, 0.5)")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             check_config(cfg(**section))
+
+
+def _spin_config(beta=0.1, gen_len=8, data_len=8):
+    return OmegaConf.merge(_config(n=1), {"actor_rollout_ref": {"actor": {"dpo_beta": beta},
+                                                                "rollout": {"response_length": gen_len}},
+                                          "data": {"max_response_length": data_len}})
+
+
+def test_spin_config_errors_name_the_key():
+    from recipe.spin.main_spin import check_config
+
+    assert check_config(_spin_config(beta=0.5)).beta == 0.5
+    for cfg, message in ((_spin_config(beta=0), "actor_rollout_ref.actor.dpo_beta=0"),
+                         (_spin_config(beta="hot"), "actor_rollout_ref.actor.dpo_beta='hot'"),
+                         (_spin_config(gen_len=16), "actor_rollout_ref.rollout.response_length=16 differs from "
+                                                    "data.max_response_length=8")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check_config(cfg)
+
+
+def test_spin_same_response_compares_tokens_up_to_eos():
+    from recipe.spin.main_spin import same_response
+    from verl.protocol import DataProto
+
+    a = DataProto.from_dict({"responses": torch.tensor([[5, 6, 2, 0], [5, 6, 2, 0], [5, 2, 0, 0]]),
+                             "response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0], [1, 1, 0, 0]])})
+    b = DataProto.from_dict({"responses": torch.tensor([[5, 6, 2, 9], [5, 7, 2, 0], [5, 2, 4, 0]]),
+                             "response_mask": torch.tensor([[1., 1., 1., 0.], [1., 1., 1., 0.], [1., 1., 1., 0.]])})
+    assert same_response(a, b).tolist() == [True, False, False]  # padding ignored; a token or a length differs
+
+
+def test_response_dataset_targets_and_missing_column(tmp_path):
+    from verl.trainer.preference.dataset import PreferenceDataError, ResponseDataset
+    from verl.utils.embedded import make_model_dir
+    from verl.utils.embedded.arithmetic import ArithmeticConfig
+    from verl.utils.embedded.preferences import write_preference_files
+    from verl.workers.worker_utils import load_tokenizer
+
+    files = write_preference_files(str(tmp_path / "data"), n_train=6, n_test=2, config=ArithmeticConfig(max_digits=1))
+    tok = load_tokenizer(make_model_dir(str(tmp_path / "model"), size="tiny", seed=0))
+    data = {"response_key": "chosen", "max_prompt_length": 32, "max_response_length": 8}
+    ds = ResponseDataset(files["train"], tok, data)
+    rows = ds.targets([0, 1])
+    assert rows.batch["input_ids"].shape == (2, 40) and rows.batch["responses"].shape == (2, 8)
+    n_tokens = int(rows.batch["response_mask"][0].sum())
+    assert rows.batch["responses"][0, n_tokens - 1].item() == tok.eos_token_id  # the target ends on eos
+    assert ds.target_texts([0])[0] == ds.rows[0]["chosen"]
+    with pytest.raises(PreferenceDataError, match=r"missing column\(s\) \['response'\]"):
+        ResponseDataset(files["train"], tok, {**data, "response_key": "response"})
+
+
+def test_sppo_config_errors_name_the_key():
+    from recipe.sppo.main_sppo import check_config
+
+    def cfg(eta=1.0, kind="indicator", n=4):
+        return OmegaConf.merge(_config(n=n), {"sppo": {"win_rate": kind}, "actor_rollout_ref": {"actor": {"sppo_eta": eta}}})
+
+    assert check_config(cfg(eta=2.0)).eta == 2.0
+    for c, message in ((cfg(eta=-1.0), "actor_rollout_ref.actor.sppo_eta=-1.0"),
+                       (cfg(eta="big"), "actor_rollout_ref.actor.sppo_eta='big'"),
+                       (cfg(kind="elo"), "sppo.win_rate='elo' is not one of: indicator, bradley_terry"),
+                       (cfg(n=1), "actor_rollout_ref.rollout.n=1")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            check_config(c)
+
+
+@pytest.mark.parametrize("module, config_name, override, message", [
+    ("online_dpo", "online_dpo_trainer", "online_dpo.micro_batch_size_per_gpu=0",
+     "online_dpo.micro_batch_size_per_gpu=0: set an integer >= 1"),
+    ("spin", "spin_trainer", "trainer.ref_update_freq=0", "trainer.ref_update_freq=0"),
+    ("sppo", "sppo_trainer", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+     "actor_rollout_ref.actor.use_dynamic_bsz=true"),
+])
+def test_command_line_config_errors_exit_2_before_workers(tmp_path, capsys, module, config_name, override, message):
+    from hydra import compose, initialize_config_dir
+    from pathlib import Path
+
+    import ray
+
+    from verl.trainer.preference.driver import EXIT_CONFIG_ERROR, quiet_searchpath_warning, run_recipe
+    from verl.utils.embedded import make_model_dir
+
+    quiet_searchpath_warning()
+    trainer_cls = {"online_dpo": "recipe.online_dpo.main_online_dpo:OnlineDPOTrainer",
+                   "spin": "recipe.spin.main_spin:SPINTrainer", "sppo": "recipe.sppo.main_sppo:SPPOTrainer"}[module]
+    mod, name = trainer_cls.split(":")
+    cls = getattr(__import__(mod, fromlist=[name]), name)
+    model = make_model_dir(str(tmp_path / "model"), size="tiny", seed=0)
+    config_dir = Path(__file__).resolve().parents[2] / "recipe" / module / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(config_name, overrides=[f"actor_rollout_ref.model.path={model}", override,
+                                              f"trainer.default_local_dir={tmp_path / 'ckpt'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_recipe(cfg, cls)
+    assert exit_info.value.code == EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err
+    assert "Config error" in err and message in err, err
+    assert not ray.is_initialized() and not (tmp_path / "ckpt").exists()

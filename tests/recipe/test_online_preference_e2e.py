@@ -82,3 +82,15 @@ def test_spin_reference_is_the_previous_iterate(assets, tmp_path):
     assert m[2]["train/rewards/margins"] > 1e-3  # one step on the data moved the policy towards the targets
     assert log.count("the reference policy is now the current policy") == 1
 
+
+def test_sppo_trains_on_win_probabilities(assets, tmp_path):
+    args = _common(assets, tmp_path / "ckpt", 2) + ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.sppo_eta=2.0",
+                                                     "sppo.micro_batch_size_per_gpu=16",
+                                                     "+reward_model.reward_kwargs.format_score=0.5"]
+    m, _ = run_recipe("recipe.sppo.main_sppo", tmp_path / "sppo", args)
+    assert sorted(m) == [0, 1, 2] and "val-core/arithmetic/reward/mean@1" in m[2]
+    for step in (1, 2):
+        assert m[step]["sppo/decisive_prompts"] > 0 and math.isfinite(m[step]["sppo/loss"])
+        # the reference is the sampling policy: log-ratios start at 0, so the loss is eta^2 E[(P - 1/2)^2] > 0
+        assert abs(m[step]["sppo/log_ratio"]) < 1e-4 and m[step]["sppo/loss"] > 0
+        assert m[step]["actor/grad_norm"] > 0
