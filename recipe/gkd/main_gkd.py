@@ -12,8 +12,9 @@ and the student minimises a per-token divergence to the teacher on them. Losses 
   student's sampled token ``y_t``, the loss ``mean_t(stop_grad(d_t) * log q(y_t))`` has the gradient of
   ``KL(q || p)`` at each position (the score-function form); the teacher sends only its token log-probs.
 
-The teacher is a second worker group of ``ref`` workers on the same training engine, built from
-``actor_rollout_ref.teacher.model.path`` (it must share the student's tokenizer / vocabulary).
+The teacher is a ``ref`` role on the same training engine, built from ``actor_rollout_ref.teacher.model.path``
+(it must share the student's tokenizer / vocabulary); it lives in the student's worker processes (a colocated
+worker group, as the reference policy of PPO does) and is not checkpointed.
 Validation on ``data.val_files``: ``val/kl_student_teacher`` (the exact per-token KL(student || teacher) over the
 vocabulary, averaged over the tokens of student samples) and the student's greedy rule score.
 """
@@ -30,6 +31,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
+from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, create_colocated_worker_cls
+from verl.single_controller.ray.base import ResourcePoolManager
+from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.losses import generalized_jsd, reverse_kl
@@ -152,10 +156,23 @@ class GKDTrainer(RecipeDriver):
         self.teacher_config = teacher_worker_config(config)
 
     def init_workers(self) -> None:
+        """Student and teacher share the worker processes (as verl's reference policy shares the actor's):
+        one process start instead of two; each role still has its own model and engine."""
         self.start_ray()
-        self.student = self.spawn("actor", PreferenceWorker, config=self.config.actor_rollout_ref, role="actor_rollout")
-        self.teacher = self.spawn("teacher", PreferenceWorker, config=self.teacher_config, role="ref")
-        self.groups.pop("teacher")  # frozen: nothing to checkpoint
+        per_node, nnodes = int(self.config.trainer.n_gpus_per_node), int(self.config.trainer.nnodes)
+        manager = ResourcePoolManager(resource_pool_spec={"gkd_pool": [per_node] * nnodes},
+                                      mapping={Role.ActorRollout: "gkd_pool"})
+        manager.create_resource_pool()
+        roles = create_colocated_worker_cls({
+            "actor": RayClassWithInitArgs(cls=PreferenceWorker, config=self.config.actor_rollout_ref,
+                                          role="actor_rollout"),
+            "teacher": RayClassWithInitArgs(cls=PreferenceWorker, config=self.teacher_config, role="ref")})
+        shared = RayWorkerGroup(resource_pool=manager.get_resource_pool(Role.ActorRollout), ray_cls_with_init=roles)
+        groups = shared.spawn(prefix_set=["actor", "teacher"])
+        self.student, self.teacher = groups["actor"], groups["teacher"]
+        self.student.init_model()
+        self.teacher.init_model()
+        self.groups["actor"] = self.student  # the teacher is frozen: nothing to checkpoint
 
     # ------------------------------------------------------------------ the method
     def step(self) -> dict:
