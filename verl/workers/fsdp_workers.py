@@ -49,6 +49,7 @@ from verl.workers.engine.config import (EngineConfig, actor_engine_config, criti
 from verl.workers.rollout import get_rollout_class
 from verl.workers.rollout.utils import cfg_get
 from verl.workers.sharding_manager import FSDPRolloutShardingManager
+from verl.workers.sharding_manager.fsdp_rollout import iter_base_tensors, iter_lora_adapter_tensors
 from verl.workers.worker_utils import (build_device_mesh, init_distributed, load_tokenizer, max_across_ranks,
                                        min_across_ranks, same_tokenizer)
 
@@ -186,11 +187,15 @@ class ActorRolloutRefWorker(Worker):
                                    trust_remote_code=bool(cfg_get(self.config.model, "trust_remote_code", False)),
                                    model_hf_config=getattr(engine, "model_config", None),
                                    device_mesh=self.device_mesh, actor_will_push=engine is not None,
-                                   device=get_device_name())
+                                   device=get_device_name(),
+                                   lora_rank=int(cfg_get(self.config.model, "lora_rank", 0) or 0))
         if engine is not None:
+            # LoRA actor + an engine that serves adapters (vLLM): base weights once, then the adapter only
             self.rollout_sharding_manager = FSDPRolloutShardingManager(
                 engine.module, self.rollout, device_mesh=self.device_mesh,
-                full_state_iter=lambda _module: engine.iter_full_params())
+                full_state_iter=lambda _module: engine.iter_full_params(),
+                base_state_iter=lambda module: engine.onloaded(iter_base_tensors(module)),
+                adapter_state_iter=lambda module: engine.onloaded(iter_lora_adapter_tensors(module)))
 
     # -------------------------------------------------------------------------------------- rollout
     def _weights_changed(self) -> None:
@@ -220,6 +225,9 @@ class ActorRolloutRefWorker(Worker):
                                       "generation_timing/max": gen_max, "generation_timing/min": gen_min,
                                       "generation_timing/topk_ratio": gen_min / gen_max if gen_max > 0 else 1.0,
                                       "rollout_with_sync": total_max}
+        if push_s > 0 and getattr(manager, "push_stats", None):
+            # what the push carried (a LoRA actor on vLLM: the adapter only, after the first push)
+            output.meta_info["weight_push"] = dict(manager.push_stats)
         return output
 
     def _rollout_generate(self, prompts: DataProto) -> DataProto:

@@ -85,3 +85,56 @@ def test_lora_actor_pushes_merged_weights(model_dir):
     for name, t in merged.state_dict().items():
         assert torch.allclose(t, rollout.module.state_dict()[name], atol=1e-6), name
         assert torch.allclose(t, fallback_rollout.module.state_dict()[name], atol=1e-6), name
+
+
+class _AdapterEngine:
+    """Records what reaches an engine that serves LoRA adapters (the vLLM rollout's two push methods)."""
+
+    supports_lora_adapter = True
+
+    def __init__(self):
+        self.base_pushes, self.adapter_pushes = [], []
+        self.last_update_stats = {}
+
+    def resume(self):
+        pass
+
+    def release_cache(self):
+        pass
+
+    def update_weights(self, tensors):
+        names = [name for name, _ in tensors]
+        self.base_pushes.append(names)
+        self.last_update_stats = {"num_tensors": float(len(names)), "num_bytes": 1000.0}
+
+    def update_lora_adapter(self, tensors, config):
+        pairs = list(tensors)
+        self.adapter_pushes.append(([n for n, _ in pairs], config))
+        self.last_update_stats = {"num_tensors": float(len(pairs)), "num_bytes": 10.0}
+
+
+def test_lora_actor_adapter_only_push_sends_base_once(model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    actor = get_peft_model(_load(model_dir), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    engine = _AdapterEngine()
+    manager = FSDPRolloutShardingManager(actor, engine)
+    assert manager.lora_adapter_push
+    with manager:
+        pass
+    base_names = engine.base_pushes[0]
+    assert "model.layers.0.self_attn.q_proj.weight" in base_names  # plain HF names, not merged, no PEFT wrapper
+    assert not any("lora_" in n or "base_layer" in n or n.startswith("base_model") for n in base_names)
+    names, config = engine.adapter_pushes[0]
+    assert names and all(".lora_A.weight" in n or ".lora_B.weight" in n for n in names)
+    assert config["r"] == 4 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    assert manager.push_stats == {"weight_push_tensors": len(base_names) + len(names),
+                                  "weight_push_bytes": 1010.0, "weight_push_base": 1.0}
+    manager.bump_weight_version()
+    with manager:
+        pass
+    assert len(engine.base_pushes) == 1 and len(engine.adapter_pushes) == 2
+    assert manager.push_stats["weight_push_base"] == 0.0 and manager.push_stats["weight_push_bytes"] == 10.0
+    # lora_merge=True (or an engine without adapters) keeps the merged full push
+    merged = FSDPRolloutShardingManager(actor, engine, lora_merge=True)
+    assert not merged.lora_adapter_push

@@ -216,6 +216,14 @@ class FSDPEngine(TrainEngine):
         finally:
             self.offload()
 
+    def onloaded(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream ``tensors`` (read from this engine's module) with the parameters on the device meanwhile."""
+        self.onload()
+        try:
+            yield from tensors
+        finally:
+            self.offload()
+
     def offload(self) -> None:
         if self.param_offload:
             offload_fsdp_model_to_cpu(self.module)

@@ -12,8 +12,18 @@ Use::
 The push streams the actor's full HF-named tensors *one at a time* (``DTensor.full_tensor()`` per parameter,
 so at most one unsharded parameter exists beyond the engine's own copy) into ``rollout.update_weights``. It is
 a collective: every rank of the actor's mesh must enter the manager together, which the worker's
-data-parallel dispatch guarantees. LoRA actors are merged on the fly (``W + scale * B @ A``) and the PEFT
-prefixes stripped, so the engine always sees plain HF names.
+data-parallel dispatch guarantees.
+
+LoRA actors, two ways:
+
+* adapter-only (default when the engine supports it, i.e. vLLM started with ``enable_lora``): the frozen base
+  weights are pushed once, then every push hands the engine only the adapter (``lora_A`` / ``lora_B`` under
+  PEFT's names plus the adapter config) through ``rollout.update_lora_adapter``;
+* merged (``lora_merge=True``, or an engine without adapter support): the adapters are merged on the fly
+  (``W + scale * B @ A``) and the full model pushed under plain HF names every time.
+
+``push_stats`` holds ``weight_push_tensors`` / ``weight_push_bytes`` / ``weight_push_base`` (1 when base weights
+went out) of the last push.
 
 ``timing`` holds ``update_weights`` (seconds, 0 when no push was needed) after each ``__enter__``.
 
@@ -33,12 +43,14 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.nn as nn
 
-from verl.utils.fsdp_utils import iter_full_state_dict
+from verl.utils.fsdp_utils import hf_name, is_peft_model, iter_full_state_dict
 from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.vllm_rollout.lora_adapter import adapter_config_dict, peft_adapter_name
 
 from .base import BaseShardingManager
 
-__all__ = ["FSDPRolloutShardingManager", "iter_hf_named_tensors", "merge_lora_stream"]
+__all__ = ["FSDPRolloutShardingManager", "iter_base_tensors", "iter_hf_named_tensors", "iter_lora_adapter_tensors",
+           "lora_adapter_config", "merge_lora_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +122,33 @@ def iter_hf_named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor
         yield name, tensor
 
 
+def iter_base_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A PEFT model's frozen base weights under plain HF names, adapters left out (not merged)."""
+    with torch.no_grad():
+        for key, value in module.state_dict().items():
+            name = hf_name(key)
+            if name is None or name.endswith("rotary_emb.inv_freq"):
+                continue
+            yield name, _full(value).detach()
+
+
+def iter_lora_adapter_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A PEFT model's LoRA A/B matrices (full tensors, one at a time) under the names PEFT saves them."""
+    with torch.no_grad():
+        for key, value in module.state_dict().items():
+            name = peft_adapter_name(key)
+            if name is not None:
+                yield name, _full(value).detach()
+
+
+def lora_adapter_config(module: nn.Module) -> dict:
+    """``adapter_config.json`` contents of the PEFT model's (single) active adapter."""
+    configs = getattr(module, "peft_config", None) or {}
+    if len(configs) != 1:
+        raise ValueError(f"adapter-only LoRA push needs exactly one adapter, the actor has {sorted(configs)}")
+    return adapter_config_dict(next(iter(configs.values())))
+
+
 class FSDPRolloutShardingManager(BaseShardingManager):
     """Pushes the FSDP actor's weights into a :class:`BaseRollout` when they changed; see the module docstring.
 
@@ -118,10 +157,15 @@ class FSDPRolloutShardingManager(BaseShardingManager):
         rollout: the engine.
         full_state_iter: optional override for the tensor stream (``module -> iterator of (name, tensor)``).
         skip_weight_sync: fault switch for tests (also env ``VERL_DEBUG_SKIP_WEIGHT_SYNC=1``).
+        lora_merge: LoRA actors: push the merged full model every time instead of the adapter only.
+        base_state_iter / adapter_state_iter: optional overrides of the adapter-only streams (``module -> iterator
+            of (name, tensor)``; default :func:`iter_base_tensors` / :func:`iter_lora_adapter_tensors`).
     """
 
     def __init__(self, module: nn.Module, rollout: BaseRollout, *, full_state_iter: Callable | None = None,
-                 device_mesh=None, offload_param: bool = False, skip_weight_sync: bool | None = None, **_ignored):
+                 device_mesh=None, offload_param: bool = False, skip_weight_sync: bool | None = None,
+                 lora_merge: bool = False, base_state_iter: Callable | None = None,
+                 adapter_state_iter: Callable | None = None, **_ignored):
         self.module = module
         self.rollout = rollout
         self.device_mesh = device_mesh
@@ -134,6 +178,12 @@ class FSDPRolloutShardingManager(BaseShardingManager):
         self._pushed_version: int | None = None  # None: never pushed, so the first entry pushes
         self.timing: dict[str, float] = {}
         self.num_pushes = 0
+        self.lora_adapter_push = (not lora_merge and is_peft_model(module)
+                                  and bool(getattr(rollout, "supports_lora_adapter", False)))
+        self.base_state_iter = base_state_iter or iter_base_tensors
+        self.adapter_state_iter = adapter_state_iter or iter_lora_adapter_tensors
+        self._base_pushed = False
+        self.push_stats: dict[str, float] = {}
 
     # verl's old private name for the fault switch
     @property
@@ -156,7 +206,25 @@ class FSDPRolloutShardingManager(BaseShardingManager):
     def sync_weights(self) -> float:
         """Push now (regardless of the version); returns the seconds it took."""
         start = time.perf_counter()
-        self.rollout.update_weights(self.full_state_iter(self.module))
+        if self.lora_adapter_push:
+            sent_base = not self._base_pushed
+            tensors = nbytes = 0.0
+            if sent_base:  # the frozen base goes out once (the engine may hold dummy or stale weights)
+                self.rollout.update_weights(self.base_state_iter(self.module))
+                stats = getattr(self.rollout, "last_update_stats", {}) or {}
+                tensors, nbytes = stats.get("num_tensors", 0.0), stats.get("num_bytes", 0.0)
+                self._base_pushed = True
+            self.rollout.update_lora_adapter(self.adapter_state_iter(self.module),
+                                             lora_adapter_config(self.module))
+            stats = getattr(self.rollout, "last_update_stats", {}) or {}
+            self.push_stats = {"weight_push_tensors": tensors + stats.get("num_tensors", 0.0),
+                               "weight_push_bytes": nbytes + stats.get("num_bytes", 0.0),
+                               "weight_push_base": float(sent_base)}
+        else:
+            self.rollout.update_weights(self.full_state_iter(self.module))
+            stats = getattr(self.rollout, "last_update_stats", {}) or {}
+            self.push_stats = {"weight_push_tensors": stats.get("num_tensors", 0.0),
+                               "weight_push_bytes": stats.get("num_bytes", 0.0), "weight_push_base": 1.0}
         self.num_pushes += 1
         return time.perf_counter() - start
 

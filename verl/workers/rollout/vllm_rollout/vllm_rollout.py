@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any, Iterable, Iterator
 
@@ -43,6 +44,7 @@ from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, p
 from ..async_server import TokenOutput
 from ..base import BaseRollout
 from ..utils import cfg_get, eos_id_list, resolve_torch_dtype, sampling_params_for
+from .lora_adapter import default_adapter_root, vllm_max_lora_rank, write_adapter_dir
 
 __all__ = ["vLLMRollout", "build_engine_kwargs", "prompt_token_id_lists"]
 
@@ -151,7 +153,7 @@ class vLLMRollout(BaseRollout):
 
     def __init__(self, config: Any = None, model_path: str | None = None, *, tokenizer=None,
                  generation_config=None, trust_remote_code: bool = False, model_hf_config=None,
-                 device_mesh=None, actor_will_push: bool | None = None, **_ignored):
+                 device_mesh=None, actor_will_push: bool | None = None, lora_rank: int = 0, **_ignored):
         if isinstance(config, str) and not isinstance(model_path, str):  # verl: vLLMRollout(model_path, config, ...)
             config, model_path = model_path, config
         if model_path is None:
@@ -176,6 +178,14 @@ class vLLMRollout(BaseRollout):
         self.engine_kwargs = build_engine_kwargs(config, self.model_path, on_cpu=self.on_cpu,
                                                  trust_remote_code=trust_remote_code, kv_cache_bytes=kv_bytes,
                                                  actor_will_push=actor_will_push)
+        # adapter-only LoRA push: the engine serves one adapter (fixed id) over the base weights
+        self.lora_rank = int(lora_rank or 0)
+        self.lora_request = None
+        self._lora_root: str | None = None
+        self._lora_version = 0
+        if self.lora_rank > 0:
+            self.engine_kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(self.lora_rank),
+                                      max_loras=1)
         # a default process group that exists now belongs to the worker; vLLM's teardown must not destroy it
         self._keep_default_pg = dist.is_available() and dist.is_initialized()
         from vllm import LLM  # optional heavy dependency: imported only when a vLLM rollout is built
@@ -237,6 +247,43 @@ class vLLMRollout(BaseRollout):
         self.llm.reset_prefix_cache()
         self.last_update_stats["seconds"] = time.perf_counter() - start
 
+    @property
+    def supports_lora_adapter(self) -> bool:
+        """True when the engine was started with ``enable_lora`` and takes :meth:`update_lora_adapter`."""
+        return self.lora_rank > 0
+
+    def update_lora_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]], adapter_config: dict) -> None:
+        """Hand the engine a new LoRA adapter (PEFT names + ``adapter_config.json`` contents); base weights stay.
+
+        The adapter is written atomically to a private directory (``/dev/shm`` when it exists) and loaded in
+        place under one fixed id, so the engine holds exactly one adapter; every later generate call carries
+        the matching ``LoRARequest``. The prefix cache is dropped (its KV entries belong to the old adapter).
+        """
+        if not self.supports_lora_adapter:
+            raise RuntimeError("update_lora_adapter needs a vLLM engine started with lora_rank > 0")
+        from vllm.lora.request import LoRARequest  # optional heavy dependency (see __init__)
+
+        start = time.perf_counter()
+        count = nbytes = 0
+
+        def counted():
+            nonlocal count, nbytes
+            for name, tensor in tensors:
+                count += 1
+                nbytes += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        if self._lora_root is None:
+            self._lora_root = default_adapter_root()
+        self._lora_version += 1
+        path = write_adapter_dir(self._lora_root, self._lora_version, counted(), adapter_config)
+        # load now (in place of the previous version); generation then finds the id loaded and does not re-read
+        self.llm.llm_engine.add_lora(LoRARequest("verl_actor_lora", 1, path, load_inplace=True))
+        self.lora_request = LoRARequest("verl_actor_lora", 1, path)
+        self.llm.reset_prefix_cache()
+        self.last_update_stats = {"num_tensors": float(count), "num_bytes": float(nbytes),
+                                  "seconds": time.perf_counter() - start}
+
     # --------------------------------------------------------------------------------------- generation
     def _sampling_params(self, params: dict, eos_ids: list[int]):
         from vllm import SamplingParams  # optional heavy dependency (see __init__)
@@ -293,7 +340,7 @@ class vLLMRollout(BaseRollout):
         eos_ids = eos_id_list(self.eos_token_id)
         outputs = self.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests],
                                     [self._request_sampling_params(r.params, eos_ids) for r in requests],
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=self.lora_request)
         results = []
         for req, out in zip(requests, outputs):
             sample = out.outputs[0]
@@ -320,7 +367,8 @@ class vLLMRollout(BaseRollout):
         token_lists = prompt_token_id_lists(idx, attn)
         n = params["n"]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists],
-                                    self._sampling_params(params, eos_ids), use_tqdm=False)
+                                    self._sampling_params(params, eos_ids), use_tqdm=False,
+                                    lora_request=self.lora_request)
 
         rows = len(token_lists) * n
         responses = torch.full((rows, R), pad_id, dtype=idx.dtype)
@@ -375,3 +423,6 @@ class vLLMRollout(BaseRollout):
         shutdown_llm(llm, self._finalizer, keep_default_pg=self._keep_default_pg)
         self._finalizer = None
         self.llm = None
+        if self._lora_root is not None:
+            shutil.rmtree(self._lora_root, ignore_errors=True)
+            self._lora_root = None
