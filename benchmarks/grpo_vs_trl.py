@@ -56,8 +56,8 @@ TRL_SCRIPT = textwrap.dedent('''
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    model_dir, data_path, steps, tokens, dtype, lr, out_dir, out_json = sys.argv[1:9]
-    steps, tokens, lr = int(steps), int(tokens), float(lr)
+    model_dir, data_path, steps, tokens, dtype, lr, out_dir, out_json, rows_per_step, samples = sys.argv[1:11]
+    steps, tokens, lr, rows_per_step, samples = int(steps), int(tokens), float(lr), int(rows_per_step), int(samples)
     torch.manual_seed(0)
     rows = Dataset.from_parquet(data_path).to_list()
     ds = Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
@@ -75,8 +75,8 @@ TRL_SCRIPT = textwrap.dedent('''
             self.ends.append(time.perf_counter())
 
     bf16 = dtype == "bf16"
-    cfg = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=128, gradient_accumulation_steps=1,
-                     num_generations=4, max_completion_length=tokens, generation_kwargs={"min_new_tokens": tokens},
+    cfg = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=rows_per_step, gradient_accumulation_steps=1,
+                     num_generations=samples, max_completion_length=tokens, generation_kwargs={"min_new_tokens": tokens},
                      temperature=1.0, top_p=1.0, top_k=0, learning_rate=lr, lr_scheduler_type="constant",
                      warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0, beta=0.0, num_iterations=1,
                      max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=bf16,
@@ -123,14 +123,16 @@ def prepare(root: Path, size: str, steps: int) -> dict:
             "reward": root / "reward.py"}
 
 
-def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr: float, out: Path) -> dict:
+def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr: float, out: Path,
+            prompts: int = PROMPTS_PER_STEP, samples: int = SAMPLES) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     script = out / "trl_grpo.py"
     script.write_text(TRL_SCRIPT)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH="")
     with open(out / "log.txt", "w") as log:
         proc = subprocess.run([str(python), str(script), assets["model"], str(assets["data"]), str(steps), str(tokens),
-                               dtype, str(lr), str(out / "trl_out"), str(out / "result.json")], env=env, stdout=log,
+                               dtype, str(lr), str(out / "trl_out"), str(out / "result.json"), str(prompts * samples),
+                               str(samples)], env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise SystemExit(f"TRL run failed, see {out / 'log.txt'}")
@@ -139,27 +141,28 @@ def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr:
 
 
 def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, workers: int, out: Path,
-             rollout: str = "vllm", extra: tuple = (), old_log_prob: str = "auto") -> dict:
+             rollout: str = "vllm", extra: tuple = (), old_log_prob: str = "auto", prompts: int = PROMPTS_PER_STEP,
+             samples: int = SAMPLES, max_prompt_length: int = 48) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    rows = PROMPTS_PER_STEP * SAMPLES
+    rows = prompts * samples
     args = [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={assets['data']}",
         f"data.val_files={assets['data']}",
-        f"data.train_batch_size={PROMPTS_PER_STEP}",
-        "data.max_prompt_length=48",
+        f"data.train_batch_size={prompts}",
+        f"data.max_prompt_length={max_prompt_length}",
         f"data.max_response_length={tokens}",
         "data.shuffle=False",
         f"actor_rollout_ref.model.path={assets['model']}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_PER_STEP}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows // workers}",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
         f"actor_rollout_ref.actor.fsdp_config.dtype={'bfloat16' if dtype == 'bf16' else 'fp32'}",
         f"actor_rollout_ref.rollout.name={rollout}",
         f"actor_rollout_ref.rollout.dtype={'bfloat16' if dtype == 'bf16' else 'float32'}",
-        f"actor_rollout_ref.rollout.n={SAMPLES}",
+        f"actor_rollout_ref.rollout.n={samples}",
         "actor_rollout_ref.rollout.ignore_eos=True",
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
