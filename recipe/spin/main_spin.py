@@ -30,7 +30,7 @@ from verl.trainer.preference.prompt_sampling import sample_responses
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
 
-__all__ = ["SPINTrainer", "check_config", "same_response"]
+__all__ = ["SPINTrainer", "check_config", "same_response", "response_texts"]
 
 
 def check_config(config: DictConfig) -> PairwisePreferenceLoss:
@@ -55,6 +55,13 @@ def same_response(a: DataProto, b: DataProto) -> torch.Tensor:
     mask_a, mask_b = a.batch["response_mask"].bool(), b.batch["response_mask"].bool()
     same_tokens = torch.where(mask_a, a.batch["responses"], -1) == torch.where(mask_b, b.batch["responses"], -1)
     return same_tokens.all(-1) & (mask_a == mask_b).all(-1)
+
+
+def response_texts(tokenizer, batch: DataProto) -> list[str]:
+    """Each row's response up to and including eos, decoded without special tokens."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    tokens = torch.where(batch.batch["response_mask"].bool(), batch.batch["responses"], pad)
+    return tokenizer.batch_decode(tokens, skip_special_tokens=True)
 
 
 class SPINTrainer(OnlinePreferenceDriver):
@@ -97,8 +104,7 @@ class SPINTrainer(OnlinePreferenceDriver):
         idx = list(range(len(self.val)))
         prompts = self.val.prompts(idx)
         out = sample_responses(self.policy, prompts, do_sample=False, validate=True)
-        answers = self.tokenizer.batch_decode(out.batch["responses"] * out.batch["response_mask"].long(),
-                                              skip_special_tokens=True)
+        answers = response_texts(self.tokenizer, out)
         wanted = self.val.target_texts(idx)
         return {"val/greedy_match": sum(a.strip() == w.strip() for a, w in zip(answers, wanted)) / len(idx)}
 

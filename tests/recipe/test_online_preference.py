@@ -172,6 +172,11 @@ def test_response_dataset_targets_and_missing_column(tmp_path):
     n_tokens = int(rows.batch["response_mask"][0].sum())
     assert rows.batch["responses"][0, n_tokens - 1].item() == tok.eos_token_id  # the target ends on eos
     assert ds.target_texts([0])[0] == ds.rows[0]["chosen"]
+    from recipe.spin.main_spin import response_texts  # padding after eos (any id) is not part of the answer
+    garbage = rows.batch["responses"].clone()
+    garbage[rows.batch["response_mask"] == 0] = 0
+    rows.batch["responses"] = garbage
+    assert response_texts(tok, rows) == ds.target_texts([0, 1])
     with pytest.raises(PreferenceDataError, match=r"missing column\(s\) \['response'\]"):
         ResponseDataset(files["train"], tok, {**data, "response_key": "response"})
 
