@@ -115,7 +115,10 @@ class RejectionSamplingTrainer(RecipeDriver):
                    "rejection_sampling/prompts_with_accepted": float(len({i // n for i in kept}) * n / len(scores)),
                    "rejection_sampling/kept_samples": float(len(kept)),
                    "response_length/mean": float(samples.batch["response_mask"].sum(-1).float().mean())}
-        if kept:                                                                       # SFT on the kept samples
+        if kept:
+            metrics["rejection_sampling/kept_score/mean"] = float(scores[kept].mean())
+            metrics["rejection_sampling/kept_score/min"] = float(scores[kept].min())
+            # SFT on the kept samples
             out = self.policy.update_with_loss(self.loss, self.sft_batch(samples.select_idxs(kept)))
             metrics.update(reduce_metrics(out.meta_info["metrics"]))
         metrics["timing_s/step"] = time.perf_counter() - start

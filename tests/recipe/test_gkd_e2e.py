@@ -1,7 +1,7 @@
 """`python -m recipe.gkd.main_gkd` end to end on two tiny models (student seed 0, teacher seed 1) and the embedded
-arithmetic prompts (CPU, Ray, real generation, a teacher worker group): one run trains 3 steps with checkpoints
-at steps 2 and 3 and validation before and after; a second run resumes from step 2 and must log the same
-step-3 metrics. Distillation must lower the held-out KL(student || teacher)."""
+arithmetic prompts (CPU, Ray, real generation, the teacher in the student's worker processes): one run trains 3
+steps with checkpoints at steps 2 and 3 and validation before and after; a second run resumes from step 2 and
+must log the same step-3 metrics. Distillation must lower the held-out KL(student || teacher)."""
 
 import math
 import shutil
@@ -16,17 +16,11 @@ MODULE = "recipe.gkd.main_gkd"
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from verl.utils.dataset.preprocess_utils import write_parquet
+def assets(arith_rl_assets, tmp_path_factory):
     from verl.utils.embedded import make_model_dir
-    from verl.utils.embedded.arithmetic import ArithmeticConfig, make_rl_rows
 
-    root = tmp_path_factory.mktemp("gkd_assets")
-    cfg = ArithmeticConfig(max_digits=1)
-    return {"student": make_model_dir(str(root / "student"), size="tiny", seed=0),
-            "teacher": make_model_dir(str(root / "teacher"), size="tiny", seed=1),
-            "train": write_parquet(make_rl_rows(32, "train", seed=0, config=cfg), str(root / "train.parquet")),
-            "test": write_parquet(make_rl_rows(16, "test", seed=1, config=cfg), str(root / "test.parquet"))}
+    teacher = make_model_dir(str(tmp_path_factory.mktemp("gkd_teacher") / "teacher"), size="tiny", seed=1)
+    return {**arith_rl_assets, "student": arith_rl_assets["model"], "teacher": teacher}
 
 
 def _args(a, ckpt):

@@ -1,0 +1,18 @@
+"""Fixtures shared by the recipe end-to-end tests."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def arith_rl_assets(tmp_path_factory):
+    """The untrained tiny model (seed 0) and one-digit arithmetic prompts in verl's RL schema: 32 training and
+    16 held-out rows (paths by name: ``model``, ``train``, ``test``)."""
+    from verl.utils.dataset.preprocess_utils import write_parquet
+    from verl.utils.embedded import make_model_dir
+    from verl.utils.embedded.arithmetic import ArithmeticConfig, make_rl_rows
+
+    root = tmp_path_factory.mktemp("arith_rl")
+    cfg = ArithmeticConfig(max_digits=1)
+    return {"model": make_model_dir(str(root / "model"), size="tiny", seed=0),
+            "train": write_parquet(make_rl_rows(32, "train", seed=0, config=cfg), str(root / "train.parquet")),
+            "test": write_parquet(make_rl_rows(16, "test", seed=1, config=cfg), str(root / "test.parquet"))}
