@@ -318,9 +318,10 @@ def test_hybrid_engine_with_vllm_rollout(model_dir, ray_instance, prompts):
 @pytest.mark.e2e
 @pytest.mark.vllm
 def test_lora_actor_with_vllm_pushes_the_adapter_only(model_dir, ray_instance, prompts):
-    """lora_rank > 0 with rollout.name=vllm: the engine serves a LoRA adapter; the base weights go out once (the
-    engine starts with dummy weights), every later push carries only lora_A/lora_B, and the engine's log-probs
-    still equal the trainer's after an update."""
+    """lora_rank > 0 with rollout.name=vllm and engine_kwargs.vllm.enable_lora=True (CPU defaults to merged
+    pushes): the engine serves a LoRA adapter; the base weights go out once (the engine starts with dummy weights),
+    every later push carries only lora_A/lora_B, and the engine's log-probs still equal the trainer's after an
+    update."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -329,7 +330,8 @@ def test_lora_actor_with_vllm_pushes_the_adapter_only(model_dir, ray_instance, p
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     cfg = lora_actor_config(model_dir)
-    cfg.rollout.update({"name": "vllm", "load_format": "dummy", "cpu_kv_cache_space_gb": 1})
+    cfg.rollout.update({"name": "vllm", "load_format": "dummy", "cpu_kv_cache_space_gb": 1,
+                        "engine_kwargs": {"vllm": {"enable_lora": True}}})
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, num_cpus_per_process=1)
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="actor_rollout"))
     try:
