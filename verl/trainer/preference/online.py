@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.driver import RecipeDriver
 from verl.trainer.preference.losses import sppo_loss
 from verl.trainer.preference.pairs import REF_KEY, interleave_pairs, sequence_logps
@@ -161,8 +162,6 @@ class OnlinePreferenceDriver(RecipeDriver):
 
     def load_prompts(self) -> None:
         """``data.train_files`` / ``data.val_files`` as RL prompts (verl's parquet schema) and the reward."""
-        from verl.trainer.ppo.reward import load_reward_manager
-
         data = self.config.data
         self.prompts = PromptSource(data.train_files, self.tokenizer, data, data.train_batch_size, self.seed,
                                     int(data.get("train_max_samples", -1)))
