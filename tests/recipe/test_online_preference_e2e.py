@@ -21,18 +21,18 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from verl.utils.embedded import make_model_dir
+def assets(arith_rl_assets, tmp_path_factory):
+    """The shared tiny model and RL prompts (online DPO, SPPO) plus prompt/target files for SPIN."""
     from verl.utils.embedded.arithmetic import ArithmeticConfig
     from verl.utils.embedded.preferences import write_preference_files
 
     root = tmp_path_factory.mktemp("online_pref_assets")
-    paths = write_preference_files(str(root / "data"), n_train=32, n_test=8, config=ArithmeticConfig(max_digits=1))
-    return {"model": make_model_dir(str(root / "model"), size="tiny", seed=0), **paths}
+    files = write_preference_files(str(root / "data"), n_train=32, n_test=8, config=ArithmeticConfig(max_digits=1))
+    return {**arith_rl_assets, "spin_train": files["train"], "spin_test": files["test"]}
 
 
-def _common(a, ckpt, steps):
-    return [f"data.train_files={a['train']}", f"data.val_files={a['test']}", f"actor_rollout_ref.model.path={a['model']}",
+def _common(a, ckpt, steps, train="train", test="test"):
+    return [f"data.train_files={a[train]}", f"data.val_files={a[test]}", f"actor_rollout_ref.model.path={a['model']}",
             "data.train_batch_size=8", "actor_rollout_ref.actor.optim.lr=3e-3", f"trainer.total_training_steps={steps}",
             f"trainer.test_freq={steps}", f"trainer.default_local_dir={ckpt}", "trainer.logger=[console,file]"]
 
@@ -68,7 +68,7 @@ def test_online_dpo_pairs_trains_checkpoints_and_resumes(assets, tmp_path):
 
 
 def test_spin_reference_is_the_previous_iterate(assets, tmp_path):
-    args = _common(assets, tmp_path / "ckpt", 3) + ["trainer.ref_update_freq=2", "actor_rollout_ref.actor.dpo_beta=0.5",
+    args = _common(assets, tmp_path / "ckpt", 3, "spin_train", "spin_test") + ["trainer.ref_update_freq=2", "actor_rollout_ref.actor.dpo_beta=0.5",
                                                      "spin.micro_batch_size_per_gpu=4"]
     m, log = run_recipe("recipe.spin.main_spin", tmp_path / "spin", args)
     assert sorted(m) == [0, 1, 2, 3] and 0.0 <= m[3]["val/greedy_match"] <= 1.0
