@@ -25,7 +25,8 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
-from verl.trainer.preference.prompt_sampling import PromptSource, sample_responses, sequence_scores
+from verl.trainer.preference.prompt_sampling import (PromptSource, greedy_validation, sample_responses,
+                                                    sequence_scores)
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
 from verl.workers.engine import MicroBatchSpec, TrainSpec
@@ -145,16 +146,7 @@ class RejectionSamplingTrainer(RecipeDriver):
 
     def validate(self) -> dict:
         """Greedy answers on ``data.val_files``: the mean rule score per data source."""
-        if self.val is None:
-            return {}
-        samples = sample_responses(self.policy, self.val.rows(range(len(self.val))), validate=True)
-        scores, _ = sequence_scores(self.reward_fn, samples)
-        sources = samples.non_tensor_batch.get("data_source")
-        metrics = {}
-        for source in sorted(set(sources)) if sources is not None else ["all"]:
-            rows = [i for i in range(len(scores)) if sources is None or sources[i] == source]
-            metrics[f"val-core/{source}/reward/mean@1"] = float(scores[rows].mean())
-        return metrics
+        return greedy_validation(self.policy, self.val, self.reward_fn)
 
 
 @hydra.main(config_path="config", config_name="rejection_sampling_trainer", version_base=None)

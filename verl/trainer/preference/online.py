@@ -29,7 +29,8 @@ from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.driver import RecipeDriver
 from verl.trainer.preference.losses import sppo_loss
 from verl.trainer.preference.pairs import REF_KEY, interleave_pairs, sequence_logps
-from verl.trainer.preference.prompt_sampling import PromptSource, sample_responses, sequence_scores
+from verl.trainer.preference.prompt_sampling import (PromptSource, greedy_validation, sample_responses,
+                                                    sequence_scores)
 from verl.utils.config import ConfigError
 from verl.workers.engine import MicroBatchSpec, TrainSpec
 from verl.workers.preference_worker import PreferenceWorker
@@ -238,16 +239,7 @@ class OnlinePreferenceDriver(RecipeDriver):
 
     def validate(self) -> dict:
         """Greedy answers on ``data.val_files``: the mean score per data source."""
-        if getattr(self, "val", None) is None:
-            return {}
-        samples = sample_responses(self.policy, self.val.rows(range(len(self.val))), validate=True)
-        scores, _ = sequence_scores(self.reward_fn, samples)
-        sources = samples.non_tensor_batch.get("data_source")
-        metrics = {}
-        for source in sorted(set(sources)) if sources is not None else ["all"]:
-            rows = [i for i in range(len(scores)) if sources is None or sources[i] == source]
-            metrics[f"val-core/{source}/reward/mean@1"] = float(scores[rows].mean())
-        return metrics
+        return greedy_validation(self.policy, getattr(self, "val", None), self.reward_fn)
 
 
 def train_prefixed(metrics: dict) -> dict:

@@ -7,7 +7,8 @@
 - :func:`sample_responses`: ``generate_sequences`` on a worker group (``rollout.n`` samples per prompt, the
   hybrid engine pushes new weights first), joined with the prompt rows and ``response_mask``;
 - :func:`sequence_scores`: the configured reward manager's score of every sample (the sum of its token-level
-  reward), and the manager's extra values.
+  reward), and the manager's extra values;
+- :func:`greedy_validation`: greedy answers to every prompt of a source, mean score per data source.
 """
 
 from __future__ import annotations
@@ -65,3 +66,18 @@ def sequence_scores(reward_fn, samples: DataProto) -> tuple[torch.Tensor, dict]:
     """Per-sample score (B,) from ``reward_fn`` (a reward manager) and its extra values (lists per key)."""
     token_scores, extra = compute_reward(samples, reward_fn)
     return token_scores.sum(-1).float(), extra
+
+
+def greedy_validation(group, source: PromptSource | None, reward_fn) -> dict:
+    """Greedy answers to every prompt of ``source`` (e.g. ``data.val_files``), scored by ``reward_fn``:
+    ``val-core/<data_source>/reward/mean@1`` per data source (``all`` when the rows name none)."""
+    if source is None:
+        return {}
+    samples = sample_responses(group, source.rows(range(len(source))), validate=True)
+    scores, _ = sequence_scores(reward_fn, samples)
+    sources = samples.non_tensor_batch.get("data_source")
+    metrics = {}
+    for name in sorted(set(sources)) if sources is not None else ["all"]:
+        rows = [i for i in range(len(scores)) if sources is None or sources[i] == name]
+        metrics[f"val-core/{name}/reward/mean@1"] = float(scores[rows].mean())
+    return metrics
