@@ -206,27 +206,28 @@ class FSDPRolloutShardingManager(BaseShardingManager):
     def sync_weights(self) -> float:
         """Push now (regardless of the version); returns the seconds it took."""
         start = time.perf_counter()
+        tensors = nbytes = 0.0
+        sent_base = True
         if self.lora_adapter_push:
             sent_base = not self._base_pushed
-            tensors = nbytes = 0.0
             if sent_base:  # the frozen base goes out once (the engine may hold dummy or stale weights)
                 self.rollout.update_weights(self.base_state_iter(self.module))
-                stats = getattr(self.rollout, "last_update_stats", {}) or {}
-                tensors, nbytes = stats.get("num_tensors", 0.0), stats.get("num_bytes", 0.0)
+                tensors, nbytes = self._engine_stats()
                 self._base_pushed = True
             self.rollout.update_lora_adapter(self.adapter_state_iter(self.module),
                                              lora_adapter_config(self.module))
-            stats = getattr(self.rollout, "last_update_stats", {}) or {}
-            self.push_stats = {"weight_push_tensors": tensors + stats.get("num_tensors", 0.0),
-                               "weight_push_bytes": nbytes + stats.get("num_bytes", 0.0),
-                               "weight_push_base": float(sent_base)}
         else:
             self.rollout.update_weights(self.full_state_iter(self.module))
-            stats = getattr(self.rollout, "last_update_stats", {}) or {}
-            self.push_stats = {"weight_push_tensors": stats.get("num_tensors", 0.0),
-                               "weight_push_bytes": stats.get("num_bytes", 0.0), "weight_push_base": 1.0}
+        last_tensors, last_bytes = self._engine_stats()
+        self.push_stats = {"weight_push_tensors": tensors + last_tensors, "weight_push_bytes": nbytes + last_bytes,
+                           "weight_push_base": float(sent_base)}
         self.num_pushes += 1
         return time.perf_counter() - start
+
+    def _engine_stats(self) -> tuple[float, float]:
+        """(tensors, bytes) the engine reports for its last update call (0 when it reports nothing)."""
+        stats = getattr(self.rollout, "last_update_stats", {}) or {}
+        return stats.get("num_tensors", 0.0), stats.get("num_bytes", 0.0)
 
     def __enter__(self):
         self.timing = {"update_weights": 0.0}
