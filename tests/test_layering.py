@@ -30,6 +30,8 @@ ALGORITHMS = {"verl.trainer.ppo.core_algos", "verl.trainer.ppo.advantage", "verl
 # "optional" and why. Everything else is imported at the top of its module.
 OPTIONAL = ("vllm", "sglang", "megatron", "torch_npu", "transformer_engine", "flash_attn", "liger_kernel",
             "wandb", "mlflow", "swanlab", "torch.utils.tensorboard", "matplotlib", "math_verify",
+            # the openai_agent loop's client (only when such an episode runs)
+            "openai", "httpx",
             # the strategy=megatron engine: megatron-core when it builds a model, torch.distributed.optim at import
             "verl.workers.engine.megatron")
 # In-function imports of other modules, each with the reason it cannot move to the top: (file, module) -> why.

@@ -104,8 +104,10 @@ def test_fsdp2_actor_bf16_mixed_precision_on_cuda(nccl_world):
     assert all(torch.isfinite(torch.tensor(metrics["actor/grad_norm"])))
 
 
-def test_sft_trainer_under_torchrun_on_cuda(tmp_path):
-    """The whole SFT trainer on the GPU (torchrun, nccl): loss falls and an HF model is written."""
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_sft_trainer_under_torchrun_on_cuda(tmp_path, dtype):
+    """The whole SFT trainer on the GPU (torchrun, nccl), fp32 or bf16 mixed precision (model.fsdp_config.dtype):
+    loss falls and an HF model is written."""
     data_dir, model_dir, out = tmp_path / "data", tmp_path / "model", tmp_path / "sft"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -120,7 +122,8 @@ def test_sft_trainer_under_torchrun_on_cuda(tmp_path):
            "data.prompt_key=prompt", "data.response_key=response", "data.max_length=32",
            "data.train_batch_size=64", "data.micro_batch_size_per_gpu=32", f"model.partial_pretrain={model_dir}",
            "optim.lr=3e-3", "trainer.total_training_steps=30", "trainer.test_freq=15", "trainer.logger=[console]",
-           f"trainer.default_local_dir={out}", "trainer.project_name=gpu", "trainer.experiment_name=sft"]
+           f"trainer.default_local_dir={out}", "trainer.project_name=gpu", "trainer.experiment_name=sft",
+           f"model.fsdp_config.dtype={dtype}"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]

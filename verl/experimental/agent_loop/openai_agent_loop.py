@@ -30,9 +30,7 @@ import logging
 import math
 from typing import Any, Callable
 
-import httpx
 import numpy as np
-import openai
 
 from verl.utils.import_utils import load_module
 from verl.workers.rollout.utils import cfg_get
@@ -121,6 +119,11 @@ class OpenAIAgentLoop(AgentLoopBase):
         session = ChatSession(self.tokenizer, self.server_manager, sampling_params, self.prompt_length,
                               self.response_length, tool_parser=self.tool_parser,
                               chat_template_kwargs=self.apply_chat_template_kwargs, model_name=self.model_name)
+        # optional dependency: the OpenAI client is needed only when an openai_agent episode runs, not to register
+        # the loop (so that trainers importing the agent-loop config do not need openai/httpx installed)
+        import httpx
+        import openai
+
         base_url = self.endpoint.open(session)
         http = httpx.AsyncClient(trust_env=False, timeout=self.request_timeout)  # loopback: never via a proxy
         client = openai.AsyncOpenAI(base_url=base_url, api_key="loopback", max_retries=0,

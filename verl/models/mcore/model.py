@@ -19,6 +19,7 @@ from torch import nn
 from verl.models.mcore import get_arch
 from verl.models.mcore.convert import (HFWeights, Shapes, layer_rules, model_rules, padded_vocab_size, rope_theta,
                                        shard, unshard)
+from verl.utils.device import collective_device, get_device
 
 __all__ = ["ValueHead", "build_gpt_model", "load_hf_weights", "iter_hf_params", "ParallelLayout", "model_shapes"]
 
@@ -144,6 +145,9 @@ def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dty
         model.output_layer.weight.shared_embedding = True
     if value_head and layout.last:
         model.output_layer = ValueHead(hf_config.hidden_size, sequence_parallel, dtype)
+    if not use_cpu_initialization:
+        # megatron's own layers are built on the accelerator; our norms and value head start on the host
+        model = model.to(get_device())
     return model
 
 
@@ -202,13 +206,14 @@ def _broadcast_from(tensor: torch.Tensor | None, src_stage: int, layout: Paralle
     if layout.pp == 1:
         return tensor
     src = dist.get_global_rank(layout.pp_group, src_stage)
-    header = torch.zeros(5, dtype=torch.int64)
+    dev = collective_device(layout.pp_group)
+    header = torch.zeros(5, dtype=torch.int64, device=dev)
     if layout.pp_rank == src_stage:
         header[0] = tensor.dim()
         header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
     dist.broadcast(header, src=src, group=layout.pp_group)
     shape = tuple(int(x) for x in header[1 : 1 + int(header[0])])
-    buf = tensor.contiguous() if layout.pp_rank == src_stage else torch.empty(shape, dtype=dtype)
+    buf = tensor.contiguous() if layout.pp_rank == src_stage else torch.empty(shape, dtype=dtype, device=dev)
     dist.broadcast(buf, src=src, group=layout.pp_group)
     return buf
 

@@ -71,6 +71,8 @@ class SFTWrapPolicy(Section):
 @dataclass(frozen=True)
 class SFTFSDPConfig(Section):
     model_dtype: str = key("fp32", "dtype of the trained weights", choices=DTYPES, read_in=(SFT, ENGINE))
+    dtype: Optional[str] = key(None, "compute dtype (mixed precision, fp32 master weights); null computes in "
+                               "model_dtype", choices=DTYPES, read_in=(SFT, ENGINE), optional=True)
     wrap_policy: SFTWrapPolicy = section(SFTWrapPolicy)
     cpu_offload: bool = key(False, "FSDP2 CPUOffloadPolicy", read_in=(SFT, ENGINE), cpu=HOST_ALREADY)
     offload_params: bool = key(False, "same as cpu_offload", read_in=(SFT, ENGINE), cpu=HOST_ALREADY)

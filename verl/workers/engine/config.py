@@ -177,7 +177,7 @@ def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) 
         use_remove_padding=True,
         lora_rank=int(_get(model, "lora_rank", 0) or 0), lora_alpha=float(_get(model, "lora_alpha", 16)),
         target_modules=plain(_get(model, "target_modules", "all-linear")),
-        fsdp={"offload_policy": offload},
+        fsdp={"offload_policy": offload, **({"dtype": fsdp["dtype"]} if fsdp.get("dtype") else {})},
         optim={"lr": float(_get(optim, "lr")), "betas": list(plain(_get(optim, "betas", [0.9, 0.95]))),
                "weight_decay": float(_get(optim, "weight_decay", 0.01)),
                "lr_warmup_steps_ratio": float(_get(optim, "lr_warmup_steps_ratio", 0.0)),

@@ -181,7 +181,8 @@ class MegatronEngine(TrainEngine):
         recv = None
         if not self.layout.first:
             seq = width // self.layout.tp if self.sequence_parallel else width
-            recv = torch.empty(seq, b, self.hf_config.hidden_size, dtype=next(self.module.parameters()).dtype)
+            recv = torch.empty(seq, b, self.hf_config.hidden_size, dtype=next(self.module.parameters()).dtype,
+                               device=aligned.device)
             dist.recv(recv, src=ps.get_pipeline_model_parallel_prev_rank())
             recv.requires_grad_(need_grad)
             self.module.set_input_tensor(recv)
@@ -214,7 +215,7 @@ class MegatronEngine(TrainEngine):
         if not self.layout.last:
             self._send_next(out)
             b, r = micro["responses"].shape
-            return {name: torch.zeros(b, r) for name in outputs}  # outputs live on the last stage
+            return {name: torch.zeros(b, r, device=aligned.device) for name in outputs}  # outputs live on the last stage
         return self._outputs_from(out, micro, aligned, starts, lengths, outputs, temperature, entropy_grad)
 
     def _send_next(self, out) -> None:
@@ -280,7 +281,7 @@ class MegatronEngine(TrainEngine):
                 p.grad.div_(self._dp_size)
 
     def _grad_norm(self) -> float:
-        total = torch.zeros(1, dtype=torch.float64)
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
         for p in self._params():
             duplicate = not getattr(p, "tensor_model_parallel", False) and self.layout.tp_rank != 0
             tied_copy = bool(getattr(p, "shared", False)) and not self.layout.first
