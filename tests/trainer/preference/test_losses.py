@@ -146,3 +146,51 @@ def test_pair_spec_refuses_dynamic_bsz_and_odd_splits():
         pair_train_spec(8, 3)
     spec = pair_train_spec(8, 2)
     assert spec.mini_batch_size == 16 and spec.micro.micro_batch_size == 4 and spec.weight_by == "sequences"
+
+
+def test_kto_loss_object_reads_the_mismatched_rows_for_its_reference_point():
+    from verl.trainer.preference import KTOLoss
+
+    beta, wd, wu = 0.5, 1.2, 0.9
+    # 3 completions interleaved with their mismatched rows; per-row sequence log-probs given directly
+    pol = torch.tensor([-1.0, -2.0, -3.0, -1.5, -0.5, -4.0], dtype=torch.float64)
+    ref = torch.tensor([-2.0, -3.0, -2.5, -2.0, -1.0, -4.5], dtype=torch.float64)
+    labels = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    loss, reward, z, logps, good = KTOLoss(beta, wd, wu).rows(pol, ref, labels)
+    kl = ((-2.0 + 3.0) + (-1.5 + 2.0) + (-4.0 + 4.5)) / 3  # mismatched rows only
+    assert z.item() == pytest.approx(kl, rel=1e-12)
+    assert good.tolist() == [True, False, True] and logps.tolist() == [-1.0, -3.0, -0.5]
+    for i, (r, g) in enumerate([(1.0, True), (-0.5, False), (0.5, True)]):
+        want = wd * (1 - _sig(beta * (r - kl))) if g else wu * (1 - _sig(beta * (kl - r)))
+        assert loss[i].item() == pytest.approx(want, rel=1e-12)
+        assert reward[i].item() == pytest.approx(beta * r, rel=1e-12)
+    # a negative KL estimate is clamped to 0
+    _, _, z_neg, _, _ = KTOLoss(beta).rows(pol, ref + torch.tensor([0, 5.0] * 3, dtype=torch.float64), labels)
+    assert z_neg.item() == 0.0
+
+
+def test_kto_loss_object_rejects_bad_settings():
+    from verl.trainer.preference import KTOLoss
+
+    with pytest.raises(ValueError, match="desirable_weight must be > 0"):
+        KTOLoss(0.1, desirable_weight=0.0)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        KTOLoss(-1.0)
+
+
+def test_kto_metrics_and_same_prompt_accuracy():
+    from verl.trainer.preference import kto_metrics, same_prompt_accuracy
+
+    rewards = torch.tensor([0.5, -0.2, 0.1, 0.3, -1.0])
+    logps = torch.tensor([-1.0, -2.0, -3.0, -4.0, -5.0])
+    good = torch.tensor([True, False, True, False, False])
+    m = kto_metrics(rewards, logps, good)
+    assert m["rewards/chosen"].item() == pytest.approx(0.3) and m["rewards/rejected"].item() == pytest.approx(-0.3)
+    assert m["rewards/margins"].item() == pytest.approx(0.6) and m["logps/chosen"].item() == pytest.approx(-2.0)
+    assert m["logps/rejected"].item() == pytest.approx(-11 / 3)
+    only_good = kto_metrics(rewards[:1], logps[:1], good[:1])
+    assert set(only_good) == {"rewards/chosen", "logps/chosen"}
+    # prompts a: (0.5 good, -0.2 bad) win; b: (0.1 good vs 0.3 bad) lose, (0.1 vs -1.0) win -> 2 of 3
+    assert same_prompt_accuracy(["a", "a", "b", "b", "b"], rewards, good) == pytest.approx(2 / 3)
+    assert same_prompt_accuracy(["a", "b"], rewards[:2], good[:2]) is None  # no prompt has both kinds
+    assert same_prompt_accuracy(["a", "a"], torch.zeros(2), good[:2]) == 0.0  # ties do not count

@@ -114,3 +114,29 @@ def test_embedded_files_hold_out_test_expressions(tmp_path):
     assert not exprs(train) & exprs(test) and len(exprs(train)) == 60
     assert all(c != r for c, r in zip(train["chosen"], train["rejected"]))
     assert all(int(c) == int(gt["ground_truth"]) for c, gt in zip(test["chosen"], test["reward_model"]))
+
+
+def test_kto_mismatched_partners_have_another_prompt():
+    from verl.trainer.preference.dataset import mismatched_partners
+
+    prompts = ["a", "a", "b", "b", "c"]
+    partners = mismatched_partners(prompts)
+    assert partners == [4, 4, 1, 1, 3]
+    assert all(prompts[j] != prompts[i] for i, j in enumerate(partners))
+    with pytest.raises(PreferenceDataError, match="needs >= 2 prompts"):
+        mismatched_partners(["a", "a"])
+
+
+def test_kto_pairs_layout_and_one_label_files_are_refused(tmp_path, tok):
+    pairs = make_preference_rows(3, seed=0)
+    cfg = OmegaConf.create({"max_prompt_length": 32, "max_response_length": 6})
+    ds = UnpairedPreferenceDataset(_write(tmp_path, make_kto_rows(pairs)), tok, cfg)
+    rows = ds.pairs([2, 3]).batch
+    assert rows["label"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    # row 2 is prompt 1 with its own completion; its mismatched row is prompt 1 with row 1's completion
+    assert torch.equal(rows["input_ids"][0, :32], rows["input_ids"][1, :32])
+    assert torch.equal(rows["responses"][1], ds.batch([1]).batch["responses"][0])
+    assert not torch.equal(rows["responses"][0], rows["responses"][1])
+    good_only = [r for r in make_kto_rows(pairs) if r["label"]]
+    with pytest.raises(PreferenceDataError, match="every row has 'label' = true"):
+        UnpairedPreferenceDataset(_write(tmp_path, good_only, "good.parquet"), tok, cfg)

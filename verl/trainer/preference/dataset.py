@@ -32,7 +32,8 @@ from verl.protocol import DataProto
 from verl.trainer.preference.pairs import interleave_pairs
 from verl.utils.dataset.rl_dataset import _as_file_list, _cfg_get, left_pad, read_parquet_rows
 
-__all__ = ["PreferenceDataset", "UnpairedPreferenceDataset", "ResponseDataset", "PreferenceDataError"]
+__all__ = ["PreferenceDataset", "UnpairedPreferenceDataset", "ResponseDataset", "PreferenceDataError",
+           "mismatched_partners"]
 
 logger = logging.getLogger(__name__)
 
@@ -224,8 +225,30 @@ class PreferenceDataset(_Base):
         return [self.tokenizer.decode(self.chosen[i], skip_special_tokens=True) for i in indices]
 
 
+def mismatched_partners(prompts: list) -> list[int]:
+    """For KTO's reference point: for each row ``i``, the nearest earlier row (cyclically) whose prompt differs,
+    so that prompt ``i`` paired with that row's completion is a mismatched (prompt, completion). ``prompts``
+    holds one comparable key per row. Fixed by the file order, so precomputed reference log-probs and resumed
+    runs see the same pairs."""
+    n = len(prompts)
+    partners = []
+    for i in range(n):
+        for back in range(1, n):
+            j = (i - back) % n
+            if prompts[j] != prompts[i]:
+                partners.append(j)
+                break
+        else:
+            raise PreferenceDataError("every row has the same prompt; KTO estimates its reference point from a "
+                                      "prompt paired with another prompt's completion, so it needs >= 2 prompts")
+    return partners
+
+
 class UnpairedPreferenceDataset(_Base):
-    """KTO data: ``prompt``, ``completion``, ``label`` (true: desirable). ``batch(indices)`` carries ``label``."""
+    """KTO data: ``prompt``, ``completion``, ``label`` (true: desirable). ``batch(indices)`` carries ``label``;
+    ``pairs(indices)`` interleaves each row with its mismatched row ``[y_0, y'_0, y_1, y'_1, ...]`` (``y'_i``:
+    prompt ``i`` with the completion of ``mismatched_partners``' row), the layout ``KTOLoss`` reads. Both
+    labels must occur (an error naming the column otherwise)."""
 
     required = ("prompt", "completion", "label")
 
@@ -236,6 +259,13 @@ class UnpairedPreferenceDataset(_Base):
         self.completions: list[list[int]] = []
         self.labels: list[bool] = []
         super().__init__(data_files, tokenizer, config, max_samples)
+        n_good = sum(self.labels)
+        if n_good in (0, len(self.labels)):
+            kind = "true (desirable)" if n_good else "false (undesirable)"
+            raise PreferenceDataError(
+                f"{data_files}: every row has '{self._key('label')}' = {kind}; KTO needs both desirable (true) and "
+                "undesirable (false) completions")
+        self.partners = mismatched_partners([tuple(p) for p in self.prompt_ids])
 
     def _add(self, row: dict, where: str) -> None:
         key, lk = self._key("completion"), self._key("label")
@@ -254,11 +284,30 @@ class UnpairedPreferenceDataset(_Base):
     def _truncate(self, n: int) -> None:
         self.completions, self.labels = self.completions[:n], self.labels[:n]
 
-    def batch(self, indices) -> DataProto:
-        rows = [self.enc.encode(self.prompt_ids[i], self.completions[i]) for i in indices]
+    def _rows(self, indices, completions) -> DataProto:
+        rows = [self.enc.encode(self.prompt_ids[i], c) for i, c in zip(indices, completions)]
         tensors = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
         tensors["label"] = torch.tensor([self.labels[i] for i in indices], dtype=torch.float32)
         return DataProto.from_dict(tensors)
+
+    def batch(self, indices) -> DataProto:
+        indices = list(indices)
+        return self._rows(indices, [self.completions[i] for i in indices])
+
+    def pairs(self, indices) -> DataProto:
+        """Interleaved ``[y_i, y'_i, ...]`` rows of ``indices`` (``y'_i`` carries row ``i``'s label too)."""
+        indices = list(indices)
+        mismatched = self._rows(indices, [self.completions[self.partners[i]] for i in indices])
+        return interleave_pairs(self.batch(indices), mismatched)
+
+    def desirable_texts(self, indices) -> list[set[str]]:
+        """For each row, the texts of all desirable completions of its prompt in this dataset."""
+        by_prompt: dict[tuple, set[str]] = {}
+        for ids, comp, good in zip(self.prompt_ids, self.completions, self.labels):
+            if good:
+                by_prompt.setdefault(tuple(ids), set()).add(
+                    self.tokenizer.decode(comp, skip_special_tokens=True).strip())
+        return [by_prompt.get(tuple(self.prompt_ids[i]), set()) for i in indices]
 
 
 class ResponseDataset(_Base):

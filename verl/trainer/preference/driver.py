@@ -96,9 +96,10 @@ class RecipeDriver:
 
     def setup_pairs(self, tokenizer, micro_pairs: int, use_dynamic_bsz: bool = False, epochs: int = 1,
                     outputs: tuple[str, ...] = ("log_probs",), grad_norm_key: str = "actor/grad_norm",
-                    micro_key: str = "micro_batch_size_per_gpu") -> None:
-        """Load ``data.train_files`` / ``data.val_files`` as pairs and derive the pair TrainSpec: errors (batch
-        arithmetic, bad rows) surface here, before any worker starts."""
+                    micro_key: str = "micro_batch_size_per_gpu", dataset_cls=PreferenceDataset) -> None:
+        """Load ``data.train_files`` / ``data.val_files`` with ``dataset_cls`` (anything with ``pairs(indices)``
+        in the interleaved layout) and derive the pair TrainSpec: errors (batch arithmetic, bad rows) surface
+        here, before any worker starts."""
         data, tr = self.config.data, self.config.trainer
         world = int(tr.n_gpus_per_node) * int(tr.nnodes)
         self.batch_size = int(data.train_batch_size)
@@ -113,8 +114,8 @@ class RecipeDriver:
         self.spec = dataclasses.replace(self.spec, grad_norm_key=grad_norm_key)
         self.tokenizer = tokenizer
         self.seed = int(tr.get("seed", 0) or 0)
-        self.train = PreferenceDataset(data.train_files, tokenizer, data, int(data.get("train_max_samples", -1)))
-        self.val = (PreferenceDataset(data.val_files, tokenizer, data, int(data.get("val_max_samples", -1)))
+        self.train = dataset_cls(data.train_files, tokenizer, data, int(data.get("train_max_samples", -1)))
+        self.val = (dataset_cls(data.val_files, tokenizer, data, int(data.get("val_max_samples", -1)))
                     if data.get("val_files") else None)
         batch_indices(len(self.train), self.batch_size, self.seed, 0)  # a batch larger than the data fails here
 

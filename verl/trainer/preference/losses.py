@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["PAIRWISE_LOSSES", "pairwise_loss", "dpo_sigmoid_loss", "ipo_loss", "hinge_loss", "kto_loss",
-           "bradley_terry_loss", "generalized_jsd", "reverse_kl", "sppo_loss", "preference_metrics"]
+           "bradley_terry_loss", "generalized_jsd", "reverse_kl", "sppo_loss", "preference_metrics", "kto_metrics",
+           "same_prompt_accuracy"]
 
 
 def _log_ratios(policy_chosen, policy_rejected, ref_chosen, ref_rejected):
@@ -93,6 +94,37 @@ def kto_loss(policy_logps, ref_logps, desirable, kl, beta: float = 0.1, desirabl
                         undesirable_weight * torch.sigmoid(beta * (z - r)))
     weight = torch.where(good, torch.full_like(r, desirable_weight), torch.full_like(r, undesirable_weight))
     return weight - value, beta * r.detach()
+
+
+def kto_metrics(rewards, policy_logps, desirable) -> dict:
+    """TRL's KTO names: ``rewards/{chosen,rejected}`` and ``logps/{chosen,rejected}`` are means over the
+    desirable / undesirable completions (a side with no rows is left out), ``rewards/margins`` their difference
+    (only when both sides are present)."""
+    good = desirable.bool()
+    out = {}
+    for name, rows in (("chosen", good), ("rejected", ~good)):
+        if rows.any():
+            out[f"rewards/{name}"] = rewards[rows].detach().mean()
+            out[f"logps/{name}"] = policy_logps[rows].detach().mean()
+    if "rewards/chosen" in out and "rewards/rejected" in out:
+        out["rewards/margins"] = out["rewards/chosen"] - out["rewards/rejected"]
+    return out
+
+
+def same_prompt_accuracy(prompts: list, rewards, desirable) -> float | None:
+    """Share of (desirable, undesirable) completion pairs of the *same* prompt in which the desirable one has
+    the larger implicit reward (strictly): the pairwise ``rewards/accuracies`` of DPO read off unpaired data.
+    ``prompts`` holds one hashable key per row. None when no prompt has both kinds of completion."""
+    groups: dict = {}
+    for key, r, good in zip(prompts, rewards.tolist(), desirable.bool().tolist()):
+        groups.setdefault(key, ([], []))[0 if good else 1].append(r)
+    wins = total = 0
+    for good_r, bad_r in groups.values():
+        for g in good_r:
+            for b in bad_r:
+                wins += g > b
+                total += 1
+    return wins / total if total else None
 
 
 def bradley_terry_loss(chosen_scores, rejected_scores, margin=None):

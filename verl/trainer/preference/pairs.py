@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from verl.protocol import DataProto
-from verl.trainer.preference.losses import (bradley_terry_loss, kto_loss, pairwise_loss, preference_metrics)
+from verl.trainer.preference.losses import (bradley_terry_loss, kto_loss, kto_metrics, pairwise_loss,
+                                            preference_metrics)
 from verl.workers.engine import MicroBatchSpec, TrainSpec
 
 __all__ = ["interleave_pairs", "split_pairs", "sequence_logps", "last_token_scores", "pair_train_spec",
-           "PairwisePreferenceLoss", "KTOLoss", "BradleyTerryLoss", "REF_KEY"]
+           "PairwisePreferenceLoss", "KTOLoss", "kto_reference_point", "BradleyTerryLoss", "REF_KEY"]
 
 REF_KEY = "ref_logps"  # per-row reference sequence log-prob, precomputed once (offline) or per step (online)
 
@@ -101,26 +102,51 @@ class PairwisePreferenceLoss:
         return loss.mean(), metrics
 
 
+def kto_reference_point(policy_logps, ref_logps):
+    """KTO's reference point z from mismatched rows (a prompt with another row's completion): the mean
+    log-ratio ``log pi(y'|x) - log pi_ref(y'|x)``, an estimate of KL(pi || pi_ref), clamped at 0 and detached."""
+    return (policy_logps.detach() - ref_logps.detach()).mean().clamp(min=0)
+
+
 @dataclass(frozen=True)
 class KTOLoss:
-    """KTO on unpaired rows with ``label`` (1 desirable, 0 undesirable) and ``ref_logps``; the reference point
-    z is the micro-batch's mean log-ratio (detached, clamped at 0), a batch estimate of KL(pi || pi_ref)."""
+    """KTO (Ethayarajh et al. 2024) on unpaired completions, laid out like pairs: rows ``[y_0, y'_0, y_1, y'_1,
+    ...]`` where ``y_i`` is a completion of prompt ``x_i`` with ``label`` (1 desirable, 0 undesirable) and
+    ``y'_i`` is ``x_i`` with a completion of a different prompt (the dataset's mismatched row). Every row
+    carries ``ref_logps``. The reference point z is estimated per micro-batch from the mismatched rows
+    (``kto_reference_point``: no gradient, clamped at 0); the loss is ``kto_loss`` averaged over the ``y_i``."""
 
     beta: float = 0.1
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
 
+    def __post_init__(self):
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        for name in ("desirable_weight", "undesirable_weight"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    @property
+    def average_logps(self) -> bool:
+        return False
+
+    def rows(self, logps, ref_logps, labels):
+        """(loss per completion, reward per completion, z, policy logps of the completions, desirable mask) from
+        interleaved per-row sequence log-probs."""
+        pol, pol_kl = split_pairs(logps)
+        ref, ref_kl = split_pairs(ref_logps.to(logps.dtype))
+        good = split_pairs(labels)[0].bool()
+        z = kto_reference_point(pol_kl, ref_kl)
+        loss, reward = kto_loss(pol, ref, good, z, self.beta, self.desirable_weight, self.undesirable_weight)
+        return loss, reward, z, pol, good
+
     def __call__(self, outputs: dict, micro, ctx=None):
         logps = sequence_logps(outputs["log_probs"], micro["response_mask"])
-        ref = micro[REF_KEY].to(logps.dtype)
-        kl = (logps - ref).detach().mean()
-        good = micro["label"].bool()
-        loss, reward = kto_loss(logps, ref, good, kl, self.beta, self.desirable_weight, self.undesirable_weight)
-        metrics = {"kl": kl, "actor/kto_loss": loss.detach().mean()}
-        if good.any():
-            metrics["rewards/chosen"] = reward[good].mean()
-        if (~good).any():
-            metrics["rewards/rejected"] = reward[~good].mean()
+        loss, reward, z, pol, good = self.rows(logps, micro[REF_KEY], micro["label"])
+        metrics = kto_metrics(reward, pol, good)
+        metrics["kl"] = z
+        metrics["actor/kto_loss"] = loss.detach().mean()
         return loss.mean(), metrics
 
 

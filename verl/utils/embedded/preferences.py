@@ -7,7 +7,9 @@ writes ``train.parquet`` and ``test.parquet`` (test expressions never appear in 
 ``prompt`` (chat list), ``chosen`` (the correct answer), ``rejected`` (a wrong one: the answer shifted by
 1..9 either way; ``--rejected_per_prompt K`` writes K pairs per expression with K different wrong answers),
 plus ``data_source`` / ``reward_model.ground_truth`` so rule rewards and RL prompts work on the same files,
-``kto_train.parquet`` (``prompt``, ``completion``, ``label``) for KTO and ``sft_train.parquet`` (``prompt``
+``kto_train.parquet`` / ``kto_test.parquet`` (``prompt``, ``completion``, ``label``: the same pairs unpaired,
+the right answer once per expression with label true and each wrong answer with label false) for KTO
+(``dpo.loss_type=kto``) and ``sft_train.parquet`` (``prompt``
 string, ``response`` = the chosen answer, one row per expression) for the supervised warm start that DPO usually
 follows. Same seed, same rows.
 """
@@ -86,7 +88,7 @@ def make_kto_rows(pairs: list[dict]) -> list[dict]:
 def write_preference_files(out_dir: str, n_train: int = 512, n_test: int = 128, seed: int = 0,
                            config: ArithmeticConfig | None = None, rejected_per_prompt: int = 1,
                            test_rejected_per_prompt: int = 1) -> dict[str, str]:
-    """Write train/test/kto_train/sft_train parquet files (test first, so train excludes its expressions).
+    """Write train/test/kto_train/kto_test/sft_train parquet files (test first, so train excludes its expressions).
     ``n_train`` / ``n_test`` count expressions; each gets ``rejected_per_prompt`` (train) or
     ``test_rejected_per_prompt`` (test) pairs. ``sft_train`` has one row per training expression."""
     out_dir = os.path.expanduser(out_dir)
@@ -97,9 +99,9 @@ def write_preference_files(out_dir: str, n_train: int = 512, n_test: int = 128, 
     expressions = dict.fromkeys(r["extra_info"]["expression"] for r in train)  # ordered, one per expression
     answers = {r["extra_info"]["expression"]: r["chosen"] for r in train}
     sft = [{"prompt": e + "=", "response": answers[e]} for e in expressions]
-    names = ("train", "test", "kto_train", "sft_train")
+    names = ("train", "test", "kto_train", "kto_test", "sft_train")
     paths = {name: os.path.join(out_dir, f"{name}.parquet") for name in names}
-    for name, rows in zip(names, (train, test, make_kto_rows(train), sft)):
+    for name, rows in zip(names, (train, test, make_kto_rows(train), make_kto_rows(test), sft)):
         tmp = paths[name] + ".tmp"
         pd.DataFrame(rows).to_parquet(tmp)
         os.replace(tmp, paths[name])
