@@ -16,3 +16,14 @@ def arith_rl_assets(tmp_path_factory):
     return {"model": make_model_dir(str(root / "model"), size="tiny", seed=0),
             "train": write_parquet(make_rl_rows(32, "train", seed=0, config=cfg), str(root / "train.parquet")),
             "test": write_parquet(make_rl_rows(16, "test", seed=1, config=cfg), str(root / "test.parquet"))}
+
+
+@pytest.fixture(scope="session")
+def arith_pref_files(tmp_path_factory):
+    """Embedded one-digit arithmetic preferences: 16 training and 8 held-out expressions, as pairs (``train``,
+    ``test``) and unpaired for KTO (``kto_train``, ``kto_test``), plus ``sft_train``."""
+    from verl.utils.embedded.arithmetic import ArithmeticConfig
+    from verl.utils.embedded.preferences import write_preference_files
+
+    root = tmp_path_factory.mktemp("arith_pref")
+    return write_preference_files(str(root), n_train=16, n_test=8, config=ArithmeticConfig(max_digits=1))
