@@ -73,6 +73,10 @@ def test_trainer_loads_unpaired_files_for_kto(files):
     assert len(trainer.train) == 32 and sum(trainer.train.labels) == 16
     rows, idx = trainer.next_pairs()
     assert len(rows) == 16 and rows.batch["label"][0::2].tolist() == [trainer.train.labels[i] for i in idx]
+    # the paired loss types still read the pairs
+    paired = _trainer(files, "dpo.loss_type=sigmoid", f"data.train_files={files['train']}",
+                      f"data.val_files={files['test']}")
+    assert isinstance(paired.loss, PairwisePreferenceLoss) and not paired.kto and len(paired.train) == 16
 
 
 @pytest.mark.parametrize("overrides, message", [
