@@ -9,7 +9,8 @@ integer answer. The output is deterministic for given sizes and ``--seed``: trai
 ``--data_source`` decides the reward the trainer and ``main_eval`` apply: ``openai/gsm8k`` (default) is verl's
 GSM8K rule reward -- strict, the number after ``####`` must equal the answer; ``gsm_symbolic`` is a lenient scorer
 that also accepts ``<answer>..</answer>``, ``\\boxed{}`` or the last number. ``extra_info.dataset`` always says
-where the rows came from.
+where the rows came from, and ``extra_info.answer`` holds the worked solution ending in ``#### N`` (the target of
+an SFT warm start: ``data.response_key=extra_info data.response_dict_keys=[answer]``, as verl's GSM8K SFT example).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def unique_entries(size: int, seed: int, exclude: set[str] = frozenset()) -> lis
         pool *= 2
 
 
+def worked_solution(cot: str | None, answer: str) -> str:
+    """reasoning-gym's worked solution with its final line made ``#### <answer>`` exactly as the ground truth is
+    written: some templates end in ``#### 168.0``, which the strict rule scores 0 against ``168``."""
+    steps = (cot or "").rsplit("####", 1)[0].rstrip()
+    return f"{steps}\n#### {answer}" if steps else f"#### {answer}"
+
+
 def make_rows(entries: list[dict], split: str, data_source: str) -> list[dict]:
     rows = []
     for index, entry in enumerate(entries):
@@ -61,6 +69,8 @@ def make_rows(entries: list[dict], split: str, data_source: str) -> list[dict]:
                     "index": index,
                     "dataset": "reasoning_gym/gsm_symbolic",
                     "question": entry["question"],
+                    # worked solution ending in "#### N" (reasoning-gym's answer_cot): the SFT warm-start target
+                    "answer": worked_solution(meta.get("answer_cot"), str(entry["answer"]).strip()),
                     "source_index": meta.get("source_index"),
                     "difficulty": meta.get("difficulty"),
                 },

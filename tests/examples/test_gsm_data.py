@@ -75,6 +75,9 @@ def test_gsm_symbolic_deterministic_and_disjoint(tmp_path):
     test_q = [r["extra_info"]["question"] for r in test]
     assert len(train_q) == 300 and len(set(test_q)) == 100 and not train_q & set(test_q)
     assert [r["extra_info"]["index"] for r in test] == list(range(100))
+    # the worked solution (SFT warm-start target) ends in the rewarded format with the row's own answer
+    for r in train + test:
+        assert r["extra_info"]["answer"].rstrip().endswith(f"#### {r['reward_model']['ground_truth']}"), r
     row = test[0]
     assert row["data_source"] == "openai/gsm8k" and row["extra_info"]["dataset"] == "reasoning_gym/gsm_symbolic"
     assert row["prompt"][0]["content"].endswith('output the final answer after "####".')

@@ -90,3 +90,40 @@ def test_run_script_few_steps(smollm2_dir, tmp_path):
     assert "val-core/openai/gsm8k/acc/mean@1" in metrics, sorted(metrics)
     assert "val-aux/openai/gsm8k/acc_flexible/mean@1" in metrics
     assert 0 < metrics["response_length/mean"] <= 16
+
+
+SFT_SCRIPT = REPO / "examples" / "sft" / "run_smollm2_gsm_symbolic_sft.sh"
+
+
+def test_sft_warm_start_script_trains_and_writes_a_model(tmp_path, fake_model):
+    """The warm-start script end to end on the tiny model (the real SmolLM2 run is documented, not tested): it
+    makes the data, trains on extra_info.answer with the host's precision, and writes the HF model the GRPO
+    script takes as MODEL_DIR. An old data directory without extra_info.answer is refused by name."""
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(REPO / "examples" / "data_preprocess" / "gsm_symbolic.py"),
+                    "--local_save_dir", str(data), "--train_size", "16", "--test_size", "4"], check=True,
+                   capture_output=True, timeout=300)
+    env = dict(os.environ, BASE_MODEL=str(fake_model), DATA_DIR=str(data), SFT_DIR=str(tmp_path / "sft"), STEPS="2",
+               HF_HUB_OFFLINE="1")
+    proc = subprocess.run(["bash", str(SFT_SCRIPT), "data.train_batch_size=8", "data.micro_batch_size_per_gpu=8",
+                           "trainer.test_freq=2"], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    losses = [line for line in proc.stdout.splitlines() if line.startswith("step:2 ")]
+    assert losses and "val/loss" in losses[0], proc.stdout[-2000:]
+    assert (tmp_path / "sft" / "global_step_2" / "huggingface" / "model.safetensors").exists()
+
+    import pyarrow.parquet as pq
+
+    old = tmp_path / "old"
+    old.mkdir()
+    for split in ("train", "test"):
+        table = pq.read_table(data / f"{split}.parquet").to_pylist()
+        for row in table:
+            row["extra_info"] = {k: v for k, v in row["extra_info"].items() if k != "answer"}
+        import pandas as pd
+
+        pd.DataFrame(table).to_parquet(old / f"{split}.parquet")
+    env["DATA_DIR"] = str(old)
+    proc = subprocess.run(["bash", str(SFT_SCRIPT)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "no extra_info.answer" in proc.stderr
