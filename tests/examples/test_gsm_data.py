@@ -102,3 +102,24 @@ def test_strict_and_flexible_custom_reward(tmp_path):
     assert fn("openai/gsm8k", "3 + 4 = 7", "7") == {"score": 0.0, "acc": 0.0, "acc_flexible": 1.0}
     assert fn("openai/gsm8k", "#### 8, not 7", "7") == {"score": 0.0, "acc": 0.0, "acc_flexible": 1.0}
     assert fn("openai/gsm8k", "#### 1,000", "1000")["acc"] == 1.0
+
+
+def test_basic_arithmetic_deterministic_disjoint_and_scored(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        proc = run("basic_arithmetic.py", "--local_save_dir", str(out), "--train_size", "400", "--test_size", "50")
+        assert proc.returncode == 0, proc.stderr
+    for split in ("train", "test"):
+        assert filecmp.cmp(a / f"{split}.parquet", b / f"{split}.parquet", shallow=False)
+    train = pq.read_table(a / "train.parquet").to_pylist()
+    test = pq.read_table(a / "test.parquet").to_pylist()
+    train_q = {r["extra_info"]["question"] for r in train}
+    test_q = {r["extra_info"]["question"] for r in test}
+    assert len(train_q) == 400 and len(test_q) == 50 and not train_q & test_q
+    for r in train + test:
+        truth, worked = r["reward_model"]["ground_truth"], r["extra_info"]["answer"]
+        # the worked answer's expression evaluates to the ground truth and scores 1 under the strict rule
+        expression = worked.split(" = ")[0]
+        assert eval(expression, {"__builtins__": {}}) == int(truth), worked  # noqa: S307 - digits, + - ( ) only
+        assert default_compute_score(r["data_source"], worked, truth) == 1.0
+    assert run("basic_arithmetic.py", "--local_save_dir", str(tmp_path / "c"), "--train_size", "0").returncode == 2
