@@ -39,9 +39,6 @@ from verl.workers.preference_worker import PreferenceWorker
 
 __all__ = ["DPOTrainer", "build_loss", "kto_weight_warning"]
 
-LOSS_TYPES = (*PAIRWISE_LOSSES, "kto")
-
-
 def build_loss(dpo: DictConfig):
     """The engine loss function of ``dpo.loss_type`` (a ConfigError naming the key and the choices otherwise)."""
     loss_type = str(dpo.loss_type)
@@ -94,6 +91,8 @@ class DPOTrainer(RecipeDriver):
                              epochs=dpo.ppo_epochs, micro_key="dpo.micro_batch_size_per_gpu",
                              dataset_cls=UnpairedPreferenceDataset if self.kto else PreferenceDataset)
         except PreferenceDataError as e:
+            if "missing column" not in str(e):
+                raise
             wanted = ("dpo.loss_type=kto reads unpaired rows (prompt, completion, label); paired rows "
                       "(prompt, chosen, rejected) take sigmoid, ipo or hinge" if self.kto else
                       f"dpo.loss_type={dpo.loss_type} reads paired rows (prompt, chosen, rejected); unpaired rows "
