@@ -1,41 +1,60 @@
-"""`python -m recipe.reward_model.main_reward_model` end to end on the tiny model (CPU, Ray): Bradley-Terry
+"""`recipe.reward_model.main_reward_model` end to end on the tiny model (CPU, Ray workers, FSDP2): Bradley-Terry
 training logs pair accuracy, checkpoints, and writes a sequence classifier that verl's reward-model loader
-(the one main_ppo's reward_model.enable=True uses) scores with."""
+(the one main_ppo's reward_model.enable=True uses) scores with.
+
+The config is composed from ``recipe/reward_model/config`` with the README command's overrides and driven in this
+process the way ``main_reward_model`` drives it (no second interpreter start: keeps the test within its CI
+budget). The model and the preference pairs are the session fixtures of ``tests/recipe/conftest.py``.
+"""
 
 import math
+from pathlib import Path
 
 import pytest
+import ray
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-from recipe_runs import run_recipe  # tests/recipe is on sys.path (pytest rootdir-less import mode)
+from recipe.reward_model.rm_trainer import RewardModelTrainer
+from verl.utils.embedded import load_tokenizer
 
 pytestmark = pytest.mark.e2e
 
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from verl.utils.embedded import make_model_dir
-    from verl.utils.embedded.arithmetic import ArithmeticConfig
-    from verl.utils.embedded.preferences import write_preference_files
-
-    root = tmp_path_factory.mktemp("rm_assets")
-    paths = write_preference_files(str(root / "data"), n_train=32, n_test=16, config=ArithmeticConfig(max_digits=1))
-    return {"model": make_model_dir(str(root / "model"), size="tiny", seed=0), **paths}
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "reward_model" / "config")
+STEPS = 2
 
 
-def test_reward_model_training_writes_a_loadable_classifier(assets, tmp_path):
+@pytest.fixture
+def env(monkeypatch):
+    for key, value in {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
+                       "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "RAY_worker_niceness": "0"}.items():
+        monkeypatch.setenv(key, value)
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def test_reward_model_training_writes_a_loadable_classifier(env, arith_rl_assets, arith_pref_files, tmp_path):
     ckpt = tmp_path / "ckpt"
-    args = [f"data.train_files={assets['train']}", f"data.val_files={assets['test']}",
-            f"actor_rollout_ref.model.path={assets['model']}", "data.train_batch_size=8",
-            "reward_model_training.micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.optim.lr=1e-3",
-            "trainer.total_training_steps=4", "trainer.test_freq=4", "trainer.save_freq=4",
-            f"trainer.default_local_dir={ckpt}", "trainer.logger=[console,file]"]
-    metrics, _ = run_recipe("recipe.reward_model.main_reward_model", tmp_path / "run", args)
+    overrides = [f"data.train_files={arith_pref_files['train']}", f"data.val_files={arith_pref_files['test']}",
+                 f"actor_rollout_ref.model.path={arith_rl_assets['model']}", "data.train_batch_size=8",
+                 "reward_model_training.micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.optim.lr=1e-3",
+                 f"trainer.total_training_steps={STEPS}", f"trainer.test_freq={STEPS}",
+                 f"trainer.save_freq={STEPS}", f"trainer.default_local_dir={ckpt}", "trainer.logger=[console]"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose("reward_model_trainer", overrides=overrides)
+    OmegaConf.resolve(cfg)
+    trainer = RewardModelTrainer(cfg, load_tokenizer())
+    trainer.init_workers()
+    trainer.fit()
+    metrics = {m["step"]: m for m in trainer.metric_history}
+
     assert 0.0 <= metrics[0]["val/rm/accuracy"] <= 1.0
-    for step in (1, 2, 3, 4):
+    for step in range(1, STEPS + 1):
         assert math.isfinite(metrics[step]["train/rm/loss"]) and math.isfinite(metrics[step]["train/rm/grad_norm"])
-    assert metrics[4]["val/rm/loss"] != metrics[0]["val/rm/loss"]
-    assert (ckpt / "global_step_4" / "reward_model").is_dir()
+    assert metrics[STEPS]["val/rm/loss"] != metrics[0]["val/rm/loss"]
+    assert (ckpt / f"global_step_{STEPS}" / "reward_model").is_dir()
 
     from verl.utils.model import load_reward_model
 
