@@ -161,6 +161,19 @@ def _set(config: DictConfig, key: str, value) -> None:
         node[leaf] = value
 
 
+def foreground_ray_workers() -> tuple[list, list]:
+    """``RAY_worker_niceness=0`` for a Ray this process starts (Ray's default runs workers at nice 15, and on a CPU
+    machine the workers do the compute). A value the user set, or a cluster's (``RAY_ADDRESS``), is kept.
+    Returns (kept, changed) entries in the host-defaults block's format."""
+    if NICENESS_ENV in os.environ:
+        return [(f"{NICENESS_ENV} (environment)", os.environ[NICENESS_ENV], "set by you")], []
+    if os.environ.get("RAY_ADDRESS"):
+        return [], []
+    os.environ[NICENESS_ENV] = "0"
+    return [], [(f"{NICENESS_ENV} (environment)", 15, 0, "on CPU the Ray workers do the compute; at Ray's default "
+                 "nice 15 any other busy process on the machine preempts them")]
+
+
 def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
                           defaults: DictConfig | None = None) -> HostChoices:
     """Apply the host-aware choices to ``config`` (in place, before validation); see the module docstring."""
@@ -208,12 +221,9 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
         choices.changed.append((key, True, False, "one process: its shard is the whole model, so resharding after "
                                 "forward only repeats the parameter gather in backward (measured -10% update time)"))
 
-    if NICENESS_ENV in os.environ:
-        choices.kept.append((f"{NICENESS_ENV} (environment)", os.environ[NICENESS_ENV], "set by you"))
-    elif not os.environ.get("RAY_ADDRESS"):  # a Ray this run starts; a cluster's own settings stay
-        os.environ[NICENESS_ENV] = "0"
-        choices.changed.append((f"{NICENESS_ENV} (environment)", 15, 0, "on CPU the Ray workers do the compute; at "
-                                "Ray's default nice 15 any other busy process on the machine preempts them"))
+    kept, changed = foreground_ray_workers()
+    choices.kept.extend(kept)
+    choices.changed.extend(changed)
 
     source = OmegaConf.select(config, OLD_LOG_PROB_KEY, default=None)
     if source == "trainer" and not _user_set(config, OLD_LOG_PROB_KEY, explicit, defaults):
