@@ -15,31 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 
+from gsm_symbolic import unique_entries  # the sibling script (this directory is on sys.path when run as a script)
+
 from verl.utils.dataset.preprocess_utils import GSM8K_INSTRUCTION, write_parquet
 
 DEFAULT_SAVE_DIR = "~/data/basic_arithmetic"
-
-
-def distinct_problems(count: int, seed: int, max_digits: int) -> list[dict]:
-    """The first ``count`` distinct questions of reasoning-gym's basic_arithmetic sequence for ``seed``."""
-    try:
-        import reasoning_gym  # optional dependency of this example only
-    except ImportError as err:
-        raise SystemExit("reasoning-gym is not installed: pip install reasoning-gym==0.1.25") from err
-    pool = count + count // 4 + 16
-    while True:
-        seen, picked = set(), []
-        for entry in reasoning_gym.create_dataset("basic_arithmetic", size=pool, seed=seed, min_terms=2, max_terms=2,
-                                                  min_digits=1, max_digits=max_digits, operators=("+", "-")):
-            if entry["question"] not in seen:
-                seen.add(entry["question"])
-                picked.append(entry)
-                if len(picked) == count:
-                    return picked
-        if pool > 8 * count + 1000:
-            raise SystemExit(f"basic_arithmetic: only {len(picked)} distinct problems with --max_digits "
-                             f"{max_digits}; ask for fewer or allow more digits")
-        pool *= 2
 
 
 def worked_answer(question: str, answer: str) -> str:
@@ -73,7 +53,8 @@ def main(argv=None) -> list[str]:
     if args.train_size < 1 or args.test_size < 1 or args.max_digits < 1:
         parser.error("--train_size, --test_size and --max_digits must be >= 1")
     save_dir = os.path.expanduser(args.local_save_dir)
-    problems = distinct_problems(args.train_size + args.test_size, args.seed, args.max_digits)
+    problems = unique_entries(args.train_size + args.test_size, args.seed, task="basic_arithmetic", min_terms=2,
+                              max_terms=2, min_digits=1, max_digits=args.max_digits, operators=("+", "-"))
     written = []
     for split, entries in (("train", problems[: args.train_size]), ("test", problems[args.train_size:])):
         path = write_parquet(make_rows(entries, split), os.path.join(save_dir, f"{split}.parquet"))

@@ -24,9 +24,10 @@ DATA_SOURCES = ("openai/gsm8k", "gsm_symbolic")
 DEFAULT_SAVE_DIR = "~/data/gsm_symbolic"
 
 
-def unique_entries(size: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
-    """The first ``size`` reasoning-gym gsm_symbolic entries (seed ``seed``) whose question is new: not in
-    ``exclude`` and not seen earlier. Draws a larger pool when duplicates leave it short."""
+def unique_entries(size: int, seed: int, exclude: set[str] = frozenset(), task: str = "gsm_symbolic",
+                   **task_kwargs) -> list[dict]:
+    """The first ``size`` entries of reasoning-gym's ``task`` (seed ``seed``, ``task_kwargs``) whose question is
+    new: not in ``exclude`` and not seen earlier. Draws a larger pool when duplicates leave it short."""
     try:
         import reasoning_gym  # optional dependency of this example only
     except ImportError as err:
@@ -34,7 +35,7 @@ def unique_entries(size: int, seed: int, exclude: set[str] = frozenset()) -> lis
     pool = size + size // 8 + 16
     while True:
         seen, picked = set(exclude), []
-        for entry in reasoning_gym.create_dataset("gsm_symbolic", size=pool, seed=seed):
+        for entry in reasoning_gym.create_dataset(task, size=pool, seed=seed, **task_kwargs):
             if entry["question"] in seen:
                 continue
             seen.add(entry["question"])
@@ -42,7 +43,7 @@ def unique_entries(size: int, seed: int, exclude: set[str] = frozenset()) -> lis
             if len(picked) == size:
                 return picked
         if pool > 8 * size + 1000:
-            raise SystemExit(f"gsm_symbolic: could not find {size} distinct problems with seed {seed} "
+            raise SystemExit(f"{task}: could not find {size} distinct problems with seed {seed} "
                              f"(got {len(picked)}); ask for fewer")
         pool *= 2
 
