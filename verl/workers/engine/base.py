@@ -72,7 +72,9 @@ class TrainSpec:
     losses). ``outputs``: what the forward computes for the loss. ``entropy_grad=False`` keeps no graph for the
     entropy (a metric). ``shuffle`` reorders rows each epoch with ``seed + epoch``. ``reduce_grads_once`` defers
     the cross-rank gradient reduction to the last micro-batch of a step (one collective instead of one per
-    micro-batch). ``grad_norm_key`` names the per-step gradient-norm metric.
+    micro-batch). ``grad_norm_key`` names the per-step gradient-norm metric. ``shared_prompt``: the rows are
+    interleaved preference pairs (rows ``2i``, ``2i + 1`` answer the same prompt) and each pair is computed as one
+    packed sequence that runs the prompt once (:meth:`TrainEngine.forward_shared_prompt`).
     """
 
     mini_batch_size: int
@@ -87,6 +89,7 @@ class TrainSpec:
     entropy_grad: bool = True
     reduce_grads_once: bool = False
     grad_norm_key: str = "grad_norm"
+    shared_prompt: bool = False
 
     def __post_init__(self):
         if self.mini_batch_size <= 0:
@@ -96,6 +99,11 @@ class TrainSpec:
         unknown = set(self.outputs) - set(OUTPUTS)
         if unknown:
             raise ValueError(f"unknown engine outputs {sorted(unknown)}; choose from {OUTPUTS}")
+        if self.shared_prompt:
+            _check_pair_micro(self.micro)
+            if self.mini_batch_size % 2 or self.shuffle:
+                raise ValueError("shared_prompt needs whole pairs in every mini-batch: an even mini_batch_size "
+                                 "and shuffle=False")
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,12 @@ class LossContext:
     mini_batch: int
     micro_batch: int
     num_micro_batches: int
+
+
+def _check_pair_micro(micro: MicroBatchSpec) -> None:
+    if micro.use_dynamic_bsz or (micro.micro_batch_size is not None and micro.micro_batch_size % 2):
+        raise ValueError("shared_prompt computes interleaved pairs: micro-batches need an even number of rows and "
+                         "no dynamic batch size")
 
 
 LossFn = Callable[[dict, "object", LossContext], "tuple[torch.Tensor, dict]"]
@@ -191,10 +205,23 @@ class TrainEngine(ABC):
         """Context in which a LoRA model computes with its adapters off (the reference policy)."""
         return nullcontext()
 
+    def shared_prompt_unsupported(self) -> str | None:
+        """None when :meth:`forward_shared_prompt` is exact for this engine's model; otherwise why not."""
+        return f"the {type(self).__name__} engine has no packed-pair forward"
+
+    def forward_shared_prompt(self, micro, outputs: tuple[str, ...], temperature: float, entropy_grad: bool) -> dict:
+        """Like :meth:`forward_micro_batch` for interleaved preference pairs, each pair computed as one packed
+        sequence ``[prompt | chosen | rejected]`` (``log_probs`` / ``entropy`` only)."""
+        raise NotImplementedError(self.shared_prompt_unsupported())
+
     # ------------------------------------------------------------------ the shared loop
     def infer(self, data: DataProto, outputs: tuple[str, ...], micro: MicroBatchSpec,
-              temperature: float = 1.0) -> dict[str, torch.Tensor]:
-        """Forward only (no gradients): the requested outputs for every row, in the input's row order, on CPU."""
+              temperature: float = 1.0, shared_prompt: bool = False) -> dict[str, torch.Tensor]:
+        """Forward only (no gradients): the requested outputs for every row, in the input's row order, on CPU.
+        ``shared_prompt``: the rows are interleaved pairs, computed packed (see ``TrainSpec.shared_prompt``)."""
+        if shared_prompt:
+            _check_pair_micro(micro)
+        forward = self.forward_shared_prompt if shared_prompt else self.forward_micro_batch
         keys = [k for k in ("responses", "input_ids", "attention_mask", "position_ids", *MM_KEYS)
                 if k in data.batch.keys()]
         micro_batches, partitions = make_micro_batches(data.batch.select(*keys), micro.micro_batch_size,
@@ -205,7 +232,7 @@ class TrainEngine(ABC):
         try:
             with torch.no_grad():
                 for mb in micro_batches:
-                    out = self.forward_micro_batch(mb.to(self.device), outputs, temperature, entropy_grad=False)
+                    out = forward(mb.to(self.device), outputs, temperature, entropy_grad=False)
                     for name in outputs:
                         results[name].append(out[name].float().cpu())
         finally:
@@ -218,7 +245,8 @@ class TrainEngine(ABC):
     def forward_backward(self, micro, loss_fn: LossFn, spec: TrainSpec, ctx: LossContext, weight: float) -> dict:
         """One micro-batch of a training step: forward, loss, backward of ``loss * weight``; returns the loss's
         metrics. Pipeline-parallel engines override it to run the micro-batch through their stages."""
-        out = self.forward_micro_batch(micro, spec.outputs, spec.temperature, spec.entropy_grad)
+        forward = self.forward_shared_prompt if spec.shared_prompt else self.forward_micro_batch
+        out = forward(micro, spec.outputs, spec.temperature, spec.entropy_grad)
         loss, loss_metrics = loss_fn(out, micro, ctx)
         (loss * weight).backward()
         return loss_metrics

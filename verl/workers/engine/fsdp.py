@@ -32,6 +32,7 @@ from verl.utils.ulysses import UlyssesGroups, check_ulysses_size, init_ulysses_g
 from verl.workers.engine.base import TrainEngine
 from verl.workers.engine.config import EngineConfig
 from verl.workers.engine.hf_forward import forward_log_probs, forward_logits, forward_scores, forward_values
+from verl.workers.engine.shared_prompt import forward_shared_prompt_log_probs, unsupported_reason
 from verl.workers.engine.ulysses import sp_forward_log_probs, sp_forward_values, ulysses_attention_active
 
 __all__ = ["FSDPEngine"]
@@ -156,6 +157,25 @@ class FSDPEngine(TrainEngine):
             out["scores"] = forward_scores(self.module, micro)
         if "logits" in outputs:
             out["logits"] = forward_logits(self.module, micro, temperature, self.use_remove_padding)
+        return out
+
+    def shared_prompt_unsupported(self) -> str | None:
+        if self.ulysses is not None:
+            return "sequence parallelism (ulysses_sequence_parallel_size > 1) splits packed rows across ranks"
+        return unsupported_reason(self.module)
+
+    def forward_shared_prompt(self, micro, outputs, temperature, entropy_grad):
+        reason = self.shared_prompt_unsupported()
+        if reason is not None:
+            raise ValueError(f"{self.name}: pairs cannot share their prompt: {reason}")
+        other = set(outputs) - {"log_probs", "entropy"}
+        if other:
+            raise ValueError(f"{self.name}: a packed-pair forward computes log_probs and entropy, not {sorted(other)}")
+        entropy, log_probs = forward_shared_prompt_log_probs(self.module, micro, temperature, "entropy" in outputs,
+                                                             entropy_grad)
+        out = {"log_probs": log_probs}
+        if entropy is not None:
+            out["entropy"] = entropy
         return out
 
     def _sp_forward_micro_batch(self, micro, outputs, temperature, entropy_grad):

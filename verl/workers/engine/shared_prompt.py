@@ -1,0 +1,215 @@
+"""Preference pairs that share their prompt: one packed row ``[prompt | chosen | rejected]`` per pair.
+
+The engine's pair layout is two rows per pair (``[chosen_0, rejected_0, chosen_1, ...]``, each row a left-padded
+prompt and a right-padded response) and runs the prompt twice. Packed, each pair becomes one row::
+
+    columns   [ pad ... | prompt (p) | chosen (c) | rejected (r) | pad ... ]
+    positions             0 .. p-1     p .. p+c-1   p .. p+r-1
+
+with a block attention mask: every token attends causally to the prompt and to earlier tokens of its own
+segment, so the rejected tokens see the prompt and themselves but never the chosen tokens. Every token then
+sees exactly the keys (and positions) it sees in its own unpacked row, so the log-probs are those of the
+two-row layout -- the prompt's hidden states are computed once and feed both responses (and both gradients).
+
+Prompts are left-padded to the micro-batch's longest prompt, so every chosen response starts in the same
+column and the logits are computed only from the last prompt column on (``logits_to_keep``); the row is as
+wide as the longest prompt plus the longest chosen + rejected pair of the micro-batch.
+
+The mask is a 4-D ``(pairs, 1, W, W)`` tensor handed to the model as ``attention_mask``; Hugging Face models
+built on ``transformers.masking_utils`` use such a mask as given. :func:`unsupported_reason` says when that is
+not known to hold (model families outside ``SUPPORTED_MODEL_TYPES``, attention kernels other than sdpa / eager,
+sliding-window layers, vision inputs); callers then keep the two-row layout.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from verl.utils.dataset.vision_utils import MM_KEYS
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "PackedPairs", "unsupported_reason", "pack_pairs",
+           "block_attention_mask", "forward_shared_prompt_log_probs"]
+
+#: model families whose decoder takes a custom 4-D attention mask as given (checked by the tests for the first two)
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "mistral")
+#: attention kernels that apply an arbitrary dense mask (flash-attention kernels only know padding / packing)
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+PROMPT, CHOSEN, REJECTED, PAD = 0, 1, 2, -1
+
+
+def unsupported_reason(module: nn.Module) -> str | None:
+    """None when ``module`` computes a packed pair exactly as its two rows; otherwise why not (one phrase)."""
+    config = getattr(module, "config", None)
+    if config is None:
+        return f"{type(module).__name__} has no Hugging Face config"
+    model_type = str(getattr(config, "model_type", "") or "")
+    if getattr(config, "vision_config", None) is not None:
+        return f"model type {model_type!r} takes images"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return (f"model type {model_type!r} is not one of {', '.join(SUPPORTED_MODEL_TYPES)} (families known to "
+                "apply a custom 4-D attention mask as given)")
+    impl = str(getattr(config, "_attn_implementation", "") or "eager")
+    if impl not in SUPPORTED_ATTENTION:
+        return f"attention implementation {impl!r} does not take a dense 4-D mask (sdpa and eager do)"
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return "the model has sliding-window or other non-full attention layers"
+    if model_type == "mistral" and getattr(config, "sliding_window", None) is not None:
+        return "the model has a sliding attention window"
+    return None
+
+
+@dataclass
+class PackedPairs:
+    """One micro-batch of ``P`` pairs packed as described in the module docstring.
+
+    ``input_ids``/``position_ids``/``segments`` are (P, W); ``attention_mask`` (P, 1, W, W) is True where a query
+    (row) may attend to a key (column). ``first`` is the column of the last prompt token (the same in every row);
+    ``chosen_src`` / ``rejected_src`` (P, R) hold, for each response token, the column whose logits predict it,
+    counted from ``first``; ``chosen_valid`` / ``rejected_valid`` (P, R) mark real response tokens.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segments: torch.Tensor
+    attention_mask: torch.Tensor
+    first: int
+    chosen_src: torch.Tensor
+    rejected_src: torch.Tensor
+    chosen_valid: torch.Tensor
+    rejected_valid: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def _check_layout(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
+    if prompt_mask.shape[1] and bool((prompt_mask[:, 1:] < prompt_mask[:, :-1]).any()):
+        raise ValueError("shared-prompt packing needs left-padded prompts (a prompt row has padding after a token)")
+    if response_mask.shape[1] and bool((response_mask[:, 1:] > response_mask[:, :-1]).any()):
+        raise ValueError("shared-prompt packing needs right-padded responses (a response row has a token after "
+                         "padding)")
+
+
+def block_attention_mask(segments: torch.Tensor) -> torch.Tensor:
+    """(P, 1, W, W) bool: query t may attend to key s <= t when s is a prompt token or in t's own segment;
+    padding columns attend only to themselves (no query row is empty) and are seen by nobody."""
+    width = segments.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()
+    q, k = segments.unsqueeze(2), segments.unsqueeze(1)
+    allowed = causal & (k != PAD) & (q != PAD) & ((k == PROMPT) | (k == q))
+    allowed |= torch.eye(width, dtype=torch.bool, device=segments.device) & (q == PAD)
+    return allowed.unsqueeze(1)
+
+
+def pack_pairs(micro) -> PackedPairs:
+    """Pack an interleaved pair micro-batch (``input_ids``, ``attention_mask``, ``responses``: rows ``2i`` and
+    ``2i + 1`` are the chosen and rejected responses to one prompt) into one row per pair."""
+    input_ids, attention_mask, responses = micro["input_ids"], micro["attention_mask"], micro["responses"]
+    rows, seqlen = input_ids.shape
+    if rows % 2:
+        raise ValueError(f"shared-prompt packing needs interleaved pairs (an even number of rows), got {rows}")
+    resp_len = responses.shape[1]
+    plen = seqlen - resp_len
+    mask = attention_mask.bool()
+    prompt_mask, response_mask = mask[:, :plen], mask[:, plen:]
+    _check_layout(prompt_mask, response_mask)
+    prompt_c, prompt_r = input_ids[0::2, :plen], input_ids[1::2, :plen]
+    if not torch.equal(prompt_mask[0::2], prompt_mask[1::2]) or bool(
+            ((prompt_c != prompt_r) & prompt_mask[0::2]).any()):
+        raise ValueError("shared-prompt packing: rows 2i and 2i+1 must be the chosen and rejected responses to the "
+                         "same prompt")
+    device = input_ids.device
+    p = prompt_mask[0::2].sum(1)
+    c, r = response_mask[0::2].sum(1), response_mask[1::2].sum(1)
+    pairs = p.shape[0]
+    pmax = max(int(p.max()) if pairs else 0, 1)  # a column for "the last prompt token" even with empty prompts
+    width = pmax + (int((c + r).max()) if pairs else 0)
+
+    cols = torch.arange(width + resp_len + 1, device=device)  # room to write everything, cut to width after
+    ids = torch.zeros(pairs, cols.numel(), dtype=input_ids.dtype, device=device)
+    seg = torch.full_like(ids, PAD)
+    pos = torch.zeros_like(ids)
+    take = min(pmax, plen)
+    ids[:, pmax - take:pmax] = prompt_c[:, plen - take:]
+    seg[:, pmax - take:pmax] = torch.where(prompt_mask[0::2, plen - take:], PROMPT, PAD)
+    pos[:, :pmax] = (cols[:pmax].unsqueeze(0) - (pmax - p).unsqueeze(1)).clamp(min=0)
+
+    j = torch.arange(resp_len, device=device).unsqueeze(0)
+    dump = cols.numel() - 1  # padding response tokens are written to a scratch column that is cut off
+    valid_c, valid_r = j < c.unsqueeze(1), j < r.unsqueeze(1)
+    col_c = torch.where(valid_c, pmax + j, dump)
+    col_r = torch.where(valid_r, pmax + c.unsqueeze(1) + j, dump)
+    for col, tokens, name, valid in ((col_c, responses[0::2], CHOSEN, valid_c),
+                                     (col_r, responses[1::2], REJECTED, valid_r)):
+        ids.scatter_(1, col, tokens)
+        seg.scatter_(1, col, torch.where(valid, name, PAD))
+        pos.scatter_(1, col, p.unsqueeze(1) + j.expand_as(col))
+    ids, seg, pos = ids[:, :width], seg[:, :width], pos[:, :width]
+    pos = torch.where(seg == PAD, 0, pos)
+
+    last = pmax - 1  # logits at this column predict the first chosen and the first rejected token
+    src_c = (torch.where(j == 0, last, pmax + j - 1) - last).expand(pairs, -1)
+    src_r = torch.where(j == 0, last, pmax + c.unsqueeze(1) + j - 1) - last
+    tail = width - last
+    return PackedPairs(input_ids=ids, position_ids=pos, segments=seg, attention_mask=block_attention_mask(seg),
+                       first=last, chosen_src=src_c.clamp(max=tail - 1), rejected_src=src_r.clamp(max=tail - 1),
+                       chosen_valid=valid_c, rejected_valid=valid_r)
+
+
+def _mask_for(module: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
+    """The 4-D mask in the form the model's attention applies: bool for sdpa, additive for eager."""
+    impl = str(getattr(getattr(module, "config", None), "_attn_implementation", "") or "eager")
+    if impl == "sdpa":
+        return allowed
+    dtype = module.get_input_embeddings().weight.dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed,
+                                                                                      torch.finfo(dtype).min)
+
+
+def _accepts_logits_to_keep(module: nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _interleave(parts: list[torch.Tensor]) -> torch.Tensor:
+    """[chosen (P, R), rejected (P, R)] -> (2P, R) rows in the order [chosen_0, rejected_0, chosen_1, ...], in
+    fp32 (fp64 stays fp64)."""
+    out = torch.stack(parts, dim=1).reshape(-1, parts[0].shape[-1])
+    return out if out.dtype == torch.float64 else out.float()
+
+
+def forward_shared_prompt_log_probs(module: nn.Module, micro, temperature: float = 1.0,
+                                    calculate_entropy: bool = False, entropy_grad: bool = True):
+    """``(entropy, log_probs)`` (2P, R) of an interleaved pair micro-batch, computed on packed rows; the same
+    values as ``hf_forward.forward_log_probs`` on the two-row layout (0 on padding response columns)."""
+    present = [k for k in MM_KEYS if k in micro.keys()]
+    if present:
+        raise ValueError(f"shared-prompt packing is for text pairs; the micro-batch carries {present}")
+    packed = pack_pairs(micro)
+    tail = packed.width - packed.first
+    kwargs = {"logits_to_keep": tail} if _accepts_logits_to_keep(module) else {}
+    logits = module(input_ids=packed.input_ids, attention_mask=_mask_for(module, packed.attention_mask),
+                    position_ids=packed.position_ids, use_cache=False, **kwargs).logits
+    logits = logits[:, -tail:] / temperature
+    responses = micro["responses"]
+    log_probs, entropies = [], []
+    for k, (src, valid) in enumerate(((packed.chosen_src, packed.chosen_valid),
+                                      (packed.rejected_src, packed.rejected_valid))):
+        picked = torch.gather(logits, 1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        lp = logprobs_from_logits(picked, responses[k::2])
+        log_probs.append(torch.where(valid, lp, torch.zeros_like(lp)))
+        if calculate_entropy:
+            e = entropy_from_logits((picked if entropy_grad else picked.detach()).float())
+            entropies.append(torch.where(valid, e, torch.zeros_like(e)))
+    return (_interleave(entropies) if calculate_entropy else None), _interleave(log_probs)
