@@ -9,6 +9,11 @@ Features and how to turn them on (``recipe/dpo/config/dpo_trainer.yaml``):
   is the prompt with another prompt's completion: its log-ratio gives the reference point (no gradient);
 - reference log-probs: once for the whole training set (``dpo.precompute_ref_log_probs=true``) or every
   step; LoRA actors (``actor_rollout_ref.model.lora_rank``) use the base model with adapters off;
+- prompt sharing (``dpo.share_prompt_prefix``, default true, pairwise losses): each pair is computed as one
+  packed sequence ``[prompt | chosen | rejected]`` whose rejected tokens attend to the prompt and to themselves
+  only, so the prompt runs once per pair in the policy forward/backward and in the reference forward (same
+  log-probs as two rows; ``verl.workers.engine.shared_prompt``). Models or attention kernels where that is not
+  known to be exact keep two rows per pair, with one log line saying why; KTO rows always do;
 - batches: ``data.train_batch_size`` pairs per optimizer step, ``dpo.micro_batch_size_per_gpu`` pairs per
   forward/backward (a pair never splits; dynamic batch sizes are refused), ``dpo.ppo_epochs`` passes;
 - validation every ``trainer.test_freq`` steps on ``data.val_files``: ``val/rewards/{chosen,rejected,
@@ -22,6 +27,7 @@ Features and how to turn them on (``recipe/dpo/config/dpo_trainer.yaml``):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -85,6 +91,9 @@ class DPOTrainer(RecipeDriver):
         super().__init__(config)
         dpo = config.dpo
         self.loss = build_loss(dpo)
+        if not isinstance(dpo.get("share_prompt_prefix", True), bool):
+            raise ConfigError(f"dpo.share_prompt_prefix={dpo.share_prompt_prefix!r}: set true (pairs run as one "
+                              "packed [prompt | chosen | rejected] sequence) or false (two rows per pair)")
         self.kto = isinstance(self.loss, KTOLoss)
         try:
             self.setup_pairs(tokenizer, dpo.micro_batch_size_per_gpu, config.actor_rollout_ref.actor.use_dynamic_bsz,
@@ -105,11 +114,32 @@ class DPOTrainer(RecipeDriver):
             if warning:
                 print(warning, flush=True)
         self.ref_cache: dict[str, torch.Tensor] = {}
+        self.share_prompt = False
 
     def init_workers(self) -> None:
         self.start_ray()
         self.policy = self.spawn("actor", PreferenceWorker, config=self.config.actor_rollout_ref,
                                  role="actor_rollout_ref")
+        self.share_prompt = self._shared_prompt_decision()
+        if self.share_prompt:
+            self.spec = dataclasses.replace(self.spec, shared_prompt=True)
+
+    def _shared_prompt_decision(self) -> bool:
+        """Whether pairs run as packed [prompt | chosen | rejected] rows (``dpo.share_prompt_prefix``)."""
+        if not bool(self.config.dpo.get("share_prompt_prefix", True)):
+            return False
+        if self.kto:
+            print("dpo.share_prompt_prefix: KTO rows are unpaired completions; each is computed as its own row",
+                  flush=True)
+            return False
+        reasons = [r for r in self.policy.shared_prompt_support() if r]
+        if reasons:
+            print(f"dpo.share_prompt_prefix: {reasons[0]}; computing chosen and rejected as separate rows "
+                  "(the prompt runs twice per pair)", flush=True)
+            return False
+        print("dpo.share_prompt_prefix: each pair runs as one packed [prompt | chosen | rejected] sequence",
+              flush=True)
+        return True
 
     # ------------------------------------------------------------------ the method
     def step(self) -> dict:
@@ -125,6 +155,7 @@ class DPOTrainer(RecipeDriver):
     # ------------------------------------------------------------------ helpers
     def _seq_logps(self, method: str, data: DataProto, key: str) -> torch.Tensor:
         data.meta_info["average"] = self.loss.average_logps
+        data.meta_info["share_prompt"] = self.share_prompt
         return self.call(self.policy, method, data).batch[key]
 
     def reference_logps(self, split: str, pairs: DataProto, idx: list[int]) -> torch.Tensor:

@@ -7,7 +7,10 @@ reference policy and checkpoints) plus three methods a driver calls over a worke
   function (see ``verl.workers.engine.base``: ``loss_fn(outputs, micro_batch, ctx) -> (loss, metrics)``); the
   ``TrainSpec`` travels in ``data.meta_info["train_spec"]``. Metrics come back averaged over micro-batches.
 - ``compute_seq_logps(data)`` / ``compute_ref_seq_logps(data)``: per-row sequence log-probs of the responses
-  under the actor / the reference policy (``logps`` / ``ref_logps``; ``meta_info["average"]`` for the mean).
+  under the actor / the reference policy (``logps`` / ``ref_logps``; ``meta_info["average"]`` for the mean;
+  ``meta_info["share_prompt"]`` computes interleaved pairs as packed ``[prompt | chosen | rejected]`` rows).
+- ``shared_prompt_support()``: None when the actor's (and reference's) engine computes packed pairs exactly,
+  otherwise why not; a driver asks once and sets ``TrainSpec.shared_prompt`` / ``share_prompt`` accordingly.
 - ``compute_token_outputs(data)``: per-token engine outputs (``log_probs``, full ``logits``) of the responses
   under the reference model (a distillation teacher on a ``ref`` worker) or the actor.
 - ``save_hf_model(out_dir)``: the actor as a Hugging Face directory.
@@ -73,8 +76,24 @@ class PreferenceWorker(ActorRolloutRefWorker):
     def _seq_logps(self, engine: TrainEngine, data: DataProto, section: str) -> torch.Tensor:
         spec = self._log_prob_micro.get(section) or MicroBatchSpec(micro_batch_size=len(data))
         temperature = float(data.meta_info.get("temperature", 1.0))
-        token = engine.infer(data, ("log_probs",), spec, temperature)["log_probs"]
+        shared = bool(data.meta_info.get("share_prompt", False))
+        if shared and (spec.use_dynamic_bsz or (spec.micro_batch_size or 2) % 2):
+            # packed pairs need whole pairs per micro-batch: the largest even row count within the configured size
+            spec = MicroBatchSpec(micro_batch_size=max(2, (spec.micro_batch_size or len(data)) // 2 * 2))
+        token = engine.infer(data, ("log_probs",), spec, temperature, shared_prompt=shared)["log_probs"]
         return sequence_logps(token, data.batch["response_mask"].float(), bool(data.meta_info.get("average", False)))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shared_prompt_support(self) -> str | None:
+        """None when pairs can be computed as packed rows sharing their prompt (actor and reference)."""
+        engines = [self._require_actor("shared_prompt_support")]
+        if self._is_ref and not self._ref_in_actor and self.ref_engine is not None:
+            engines.append(self.ref_engine)
+        for engine in engines:
+            reason = engine.shared_prompt_unsupported()
+            if reason is not None:
+                return reason
+        return None
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_seq_logps(self, data: DataProto) -> DataProto:
