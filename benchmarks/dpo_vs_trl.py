@@ -10,7 +10,9 @@ exactly our tokenization), 32 pairs per optimizer step in one forward/backward (
 sigmoid DPO loss with beta 0.1, AdamW with the same lr, betas, weight decay 0.01, grad clip 1.0, constant lr, no
 warm-up. Reference log-probs: computed every step on both sides (TRL's default
 ``precompute_ref_log_probs=False``, ours ``dpo.precompute_ref_log_probs=false``), or precomputed on both sides
-with ``--precompute``. Everything else is each side's default. Each side runs in one process with both cores
+with ``--precompute``. Everything else is each side's default: ours runs each pair as one packed
+``[prompt | chosen | rejected]`` sequence (``dpo.share_prompt_prefix=true``; ``--no_share_prompt`` measures two
+rows per pair, TRL's layout). Each side runs in one process with both cores
 (ours: one worker, ``trainer.n_gpus_per_node=1``).
 
 Our side is the recipe's command line; its step time is the driver's wall-clock ``timing_s/step`` (reference
@@ -110,7 +112,7 @@ def token_limits(model_dir: str, data_path: str) -> tuple[int, int]:
     return prompt, answer
 
 
-def run_ours(assets: dict, steps: int, lr: float, precompute: bool, out: Path) -> dict:
+def run_ours(assets: dict, steps: int, lr: float, precompute: bool, out: Path, share_prompt: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     max_prompt, max_response = token_limits(assets["model"], assets["data"])
     args = [
@@ -124,6 +126,7 @@ def run_ours(assets: dict, steps: int, lr: float, precompute: bool, out: Path) -
         f"dpo.beta={BETA}",
         f"dpo.micro_batch_size_per_gpu={PAIRS_PER_STEP}",
         f"dpo.precompute_ref_log_probs={str(precompute).lower()}",
+        f"dpo.share_prompt_prefix={str(share_prompt).lower()}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={2 * PAIRS_PER_STEP}",
         "trainer.logger=[console,file]",
         "trainer.val_before_train=False",
@@ -176,6 +179,8 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--precompute", action="store_true",
                         help="precompute the reference log-probs once on both sides (default: every step, both sides)")
+    parser.add_argument("--no_share_prompt", action="store_true",
+                        help="ours computes chosen and rejected as two rows per pair (dpo.share_prompt_prefix=false)")
     parser.add_argument("--trl_venv", default=os.path.join(tempfile.gettempdir(), "trl-venv"))
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "verl_dpo_vs_trl"))
     parser.add_argument("--skip_trl", action="store_true")
@@ -197,7 +202,7 @@ def main(argv=None):
             out = work / f"{size}-{side}"
             start = time.perf_counter()
             if side == "ours":
-                res = run_ours(assets, args.steps, args.lr, args.precompute, out)
+                res = run_ours(assets, args.steps, args.lr, args.precompute, out, not args.no_share_prompt)
             else:
                 res = run_trl(trl_python, assets, args.steps, args.lr, args.precompute, out)
             row[side] = median_after_first(res["step_s"])
@@ -211,7 +216,9 @@ def main(argv=None):
         results.append(row)
 
     ref = "precomputed once" if args.precompute else "every step"
-    print(f"\n{PAIRS_PER_STEP} pairs per step, fp32, reference log-probs {ref}; median s/step over steps 2..N")
+    layout = "two rows per pair" if args.no_share_prompt else "one packed [prompt | chosen | rejected] row per pair"
+    print(f"\n{PAIRS_PER_STEP} pairs per step, fp32, reference log-probs {ref}, ours: {layout}; median s/step over "
+          "steps 2..N")
     print(f"{'size':6} {'ours s/step':>12} {'TRL s/step':>11} {'ours pairs/s':>13} {'TRL pairs/s':>12} {'ours/TRL':>9}")
     for r in results:
         ours, trl = r.get("ours"), r.get("trl")
