@@ -174,6 +174,27 @@ def test_packed_optimizer_step_equals_the_two_row_step(pairs):
         assert m1[key] == pytest.approx(m2[key], rel=1e-6, abs=1e-9), key
 
 
+def test_lora_model_and_its_reference_with_adapters_off(pairs):
+    """A LoRA actor (peft wrapper, no logits_to_keep in its signature) and its reference (adapters off)."""
+    from verl.utils.fsdp_utils import apply_lora
+
+    model = apply_lora(_qwen("sdpa"), lora_rank=4)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)  # adapters that change the outputs
+    engine = FSDPEngine(model)
+    assert engine.shared_prompt_unsupported() is None
+    mask = pairs.batch["response_mask"].bool()
+    packed = []
+    for ctx in (engine.disable_adapter, None):
+        with (ctx() if ctx else torch.enable_grad()):
+            two = engine.infer(pairs, ("log_probs",), MicroBatchSpec(24))["log_probs"]
+            one = engine.infer(pairs, ("log_probs",), MicroBatchSpec(24), shared_prompt=True)["log_probs"]
+        torch.testing.assert_close(one[mask], two[mask], rtol=0, atol=1e-5)
+        packed.append(one)
+    assert (packed[0][mask] - packed[1][mask]).abs().max() > 1e-3  # the adapters were off, then on
+
+
 def test_infer_with_shared_prompt_matches_and_checks_micro_batches(pairs):
     engine = FSDPEngine(_qwen("sdpa"))
     two = engine.infer(pairs, ("log_probs",), MicroBatchSpec(8))["log_probs"]
