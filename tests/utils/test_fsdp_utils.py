@@ -231,3 +231,24 @@ def test_fsdp2_params_on_cpu_get_the_foreach_adamw_with_the_same_update(tmp_path
     for k, v in res["loop"].items():
         assert torch.allclose(res["auto"][k], v, rtol=1e-6, atol=1e-7), k
     assert any(not torch.equal(res["auto"][k], tiny_model(seed=0).state_dict()[k]) for k in res["auto"])
+
+
+def _one_rank_full_worker(rank, world, out_dir):
+    from verl.utils.fsdp_utils import _full, apply_fsdp2, iter_full_state_dict
+
+    model = tiny_model(seed=1)
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    apply_fsdp2(model, {"dtype": "fp32"})
+    weight = model.model.embed_tokens.weight
+    # one rank: the local shard is the whole tensor, returned as is (no collective, no copy)
+    assert _full(weight).data_ptr() == weight.to_local().data_ptr()
+    got = {n: t.clone() for n, t in iter_full_state_dict(model)}
+    torch.save({"got": got, "ref": ref}, f"{out_dir}/one_rank.pt")
+
+
+def test_full_weights_of_a_one_rank_fsdp2_model_skip_the_gather(tmp_path):
+    run_distributed(_one_rank_full_worker, 1, str(tmp_path), err_dir=str(tmp_path))
+    res = torch.load(tmp_path / "one_rank.pt", weights_only=False)
+    assert list(res["got"]) == list(res["ref"])
+    for k, v in res["ref"].items():
+        assert torch.equal(res["got"][k], v), k

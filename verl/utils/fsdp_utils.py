@@ -280,7 +280,15 @@ _PEFT_PREFIX = "base_model.model."
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole tensor behind ``t``. A DTensor whose local piece already is the whole tensor (a mesh of one
+    rank, or replicated placements) is returned as that piece, without a collective: on one rank
+    ``full_tensor()`` costs ~0.15 ms of DTensor dispatch per tensor, several ms per weight push."""
+    if not isinstance(t, DTensor):
+        return t
+    local = t.to_local()
+    if local.shape == t.shape and (t.device_mesh.size() == 1 or all(p.is_replicate() for p in t.placements)):
+        return local
+    return t.full_tensor()
 
 
 def _lora_layers(model: nn.Module) -> dict:

@@ -36,6 +36,7 @@ __all__ = [
     "shutdown_llm",
     "guard_engine_finalizer",
     "vllm_version",
+    "quiet_push_info_logs",
     "quiet_rotary_reload_warning",
 ]
 
@@ -83,6 +84,33 @@ def quiet_set_num_threads_warning() -> None:
     target = logging.getLogger(CPU_WORKER_LOGGER)
     if not any(isinstance(f, _SetNumThreadsFilter) for f in target.filters):
         target.addFilter(_SetNumThreadsFilter())
+
+
+# vLLM's per-push info lines: "Reloading and processing weights took ..." and "Successfully reset prefix cache"
+PUSH_INFO_LOGGERS = ("vllm.model_executor.model_loader.reload.inplace", "vllm.v1.core.block_pool")
+_PUSH_INFO_MESSAGES = ("Reloading and processing weights took", "Successfully reset prefix cache")
+
+
+class _PushInfoFilter(logging.Filter):
+    """Drops the two INFO records vLLM writes on every weight push (the push time is in our own metrics); in a
+    Ray worker each printed line is also shipped to the driver's console once per training step."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and str(record.msg).startswith(_PUSH_INFO_MESSAGES))
+
+
+@contextlib.contextmanager
+def quiet_push_info_logs():
+    """Within the block, vLLM's per-push INFO lines (see :class:`_PushInfoFilter`) are filtered out."""
+    targets = [logging.getLogger(name) for name in PUSH_INFO_LOGGERS]
+    noise = _PushInfoFilter()
+    for target in targets:
+        target.addFilter(noise)
+    try:
+        yield
+    finally:
+        for target in targets:
+            target.removeFilter(noise)
 
 
 @contextlib.contextmanager

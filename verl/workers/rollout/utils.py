@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Iterable
 
 import torch
@@ -29,7 +31,9 @@ def cfg_get(config: Any, key: str, default: Any = None) -> Any:
         return default
     if isinstance(config, dict):
         val = config.get(key, default)
-    elif hasattr(config, "get") and not hasattr(config, "__dataclass_fields__"):
+    elif hasattr(config, "get") and not dataclasses.is_dataclass(config):
+        # (is_dataclass looks at the type: ``hasattr`` on a DictConfig instance raises and formats an exception
+        # inside omegaconf for every miss, ~0.1 ms each, hundreds of times per rollout batch)
         val = config.get(key, default)
     else:
         val = getattr(config, key, default)

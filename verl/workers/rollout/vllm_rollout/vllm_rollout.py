@@ -39,7 +39,8 @@ from verl.protocol import DataProto
 from verl.utils.device import get_device_name
 from verl.utils.hf_experts import unfuse_expert_weights
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
-                                   quiet_rotary_reload_warning, quiet_set_num_threads_warning, shutdown_llm)
+                                   quiet_push_info_logs, quiet_rotary_reload_warning, quiet_set_num_threads_warning,
+                                   shutdown_llm)
 
 from ..async_server import TokenOutput
 from ..base import BaseRollout
@@ -253,9 +254,10 @@ class vLLMRollout(BaseRollout):
         """Load new weights in place (``reload_weights`` re-runs vLLM's post-load weight processing, e.g.
         the CPU kernels' repacking), then drop the prefix cache, whose KV entries belong to the old weights."""
         start = time.perf_counter()
-        with quiet_rotary_reload_warning():  # vLLM warns about the (computed, never loaded) rotary cache per push
+        # vLLM warns about the (computed, never loaded) rotary cache and logs two info lines per push
+        with quiet_rotary_reload_warning(), quiet_push_info_logs():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._engine_stream(named_tensors)})
-        self.llm.reset_prefix_cache()
+            self.llm.reset_prefix_cache()
         self.last_update_stats["seconds"] = time.perf_counter() - start
 
     @property
@@ -292,7 +294,8 @@ class vLLMRollout(BaseRollout):
         # load now (in place of the previous version); generation then finds the id loaded and does not re-read
         self.llm.llm_engine.add_lora(LoRARequest("verl_actor_lora", 1, path, load_inplace=True))
         self.lora_request = LoRARequest("verl_actor_lora", 1, path)
-        self.llm.reset_prefix_cache()
+        with quiet_push_info_logs():
+            self.llm.reset_prefix_cache()
         self.last_update_stats = {"num_tensors": float(count), "num_bytes": float(nbytes),
                                   "seconds": time.perf_counter() - start}
 
@@ -350,8 +353,20 @@ class vLLMRollout(BaseRollout):
         """Request-level generation: one engine call for all requests, each with its own sampling params
         (vLLM schedules them together); token ids and the sampled tokens' log-probs come back per request."""
         eos_ids = eos_id_list(self.eos_token_id)
+        shared: dict = {}  # requests with the same settings share one SamplingParams (built once per call)
+
+        def params_for(params: dict):
+            try:
+                key = tuple(sorted(params.items()))
+                hash(key)
+            except TypeError:  # an unhashable value: build this request's own
+                return self._request_sampling_params(params, eos_ids)
+            if key not in shared:
+                shared[key] = self._request_sampling_params(params, eos_ids)
+            return shared[key]
+
         outputs = self.llm.generate([{"prompt_token_ids": list(r.prompt_ids)} for r in requests],
-                                    [self._request_sampling_params(r.params, eos_ids) for r in requests],
+                                    [params_for(r.params) for r in requests],
                                     use_tqdm=False, lora_request=self.lora_request)
         results = []
         for req, out in zip(requests, outputs):
