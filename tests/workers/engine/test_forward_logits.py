@@ -47,3 +47,37 @@ def test_engine_infers_and_trains_on_logits():
     engine.train_batch(data, loss_fn, TrainSpec(mini_batch_size=4, micro=MicroBatchSpec(2), outputs=("logits",)))
     after = torch.log_softmax(engine.infer(data, ("logits",), MicroBatchSpec(4))["logits"], -1)[..., 0]
     assert after[data.batch["response_mask"].bool()].mean() > before
+
+
+class _NoLogitsToKeep(torch.nn.Module):
+    """The same model behind a forward that does not take ``logits_to_keep`` (full logits every position)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=use_cache)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_lm_head_only_on_response_positions_gives_the_same_log_probs_and_grads(remove_padding, lora):
+    from verl.workers.engine.hf_forward import accepts_logits_to_keep
+
+    model = tiny_model().double()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    plain = _NoLogitsToKeep(model)
+    assert accepts_logits_to_keep(model) and not accepts_logits_to_keep(plain)
+    batch = make_batch(bsz=5, seed=4)
+    ent_a, lp_a = forward_log_probs(model, batch, 0.8, calculate_entropy=True, use_remove_padding=remove_padding)
+    grads_a = torch.autograd.grad(lp_a.sum() + ent_a.sum(), [p for p in model.parameters() if p.requires_grad])
+    ent_b, lp_b = forward_log_probs(plain, batch, 0.8, calculate_entropy=True, use_remove_padding=remove_padding)
+    grads_b = torch.autograd.grad(lp_b.sum() + ent_b.sum(), [p for p in model.parameters() if p.requires_grad])
+    assert lp_a.shape == lp_b.shape == batch["responses"].shape
+    assert torch.allclose(lp_a, lp_b, atol=1e-12) and torch.allclose(ent_a, ent_b, atol=1e-12)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(grads_a, grads_b))

@@ -16,6 +16,8 @@ Qwen2-VL models take.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -33,6 +35,20 @@ def _model_inputs(micro_batch, position_ids: torch.Tensor, batch_first: bool = T
     if position_ids.dim() == 3 and batch_first:  # (B, 3, T) -> (3, B, T)
         position_ids = position_ids.transpose(0, 1)
     return {"position_ids": position_ids, **unpad_multi_modal_inputs(micro_batch)}
+
+
+def accepts_logits_to_keep(module: nn.Module) -> bool:
+    """Whether ``module.forward`` takes ``logits_to_keep`` (Hugging Face causal LMs: the LM head is applied to the
+    last N positions only; a PEFT wrapper passes it through as a keyword)."""
+    forward = getattr(module, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+    if "logits_to_keep" in params:
+        return True
+    base = getattr(module, "get_base_model", None)  # PEFT: forward(*args, **kwargs) -> the base model's forward
+    return callable(base) and base() is not module and accepts_logits_to_keep(base())
 
 
 def _entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
@@ -70,9 +86,12 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
     else:
         lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
         s, e = response_window(seqlen, response_length, lo, hi)
+        # the LM head runs only on the positions that score response tokens (prompt positions need no logits)
+        keep = {"logits_to_keep": hi - s} if accepts_logits_to_keep(module) else {}
         output = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi], use_cache=False,
-                        **_model_inputs(micro_batch, position_ids[..., lo:hi]))
-        logits = output.logits[:, s - lo : e - lo, :] / temperature
+                        **_model_inputs(micro_batch, position_ids[..., lo:hi]), **keep)
+        logits = output.logits[:, : e - s, :] if keep else output.logits[:, s - lo : e - lo, :]
+        logits = logits / temperature
         first = s - (seqlen - response_length - 1)  # response column of position s
         log_probs = place_response_window(logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1]),
                                           response_length, first)

@@ -23,7 +23,6 @@ sliding-window layers, vision inputs); callers then keep the two-row layout.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +30,7 @@ from torch import nn
 
 from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.workers.engine.hf_forward import accepts_logits_to_keep
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "PackedPairs", "unsupported_reason", "pack_pairs",
            "block_attention_mask", "forward_shared_prompt_log_probs"]
@@ -175,13 +175,6 @@ def _mask_for(module: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
                                                                                       torch.finfo(dtype).min)
 
 
-def _accepts_logits_to_keep(module: nn.Module) -> bool:
-    try:
-        return "logits_to_keep" in inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _interleave(parts: list[torch.Tensor]) -> torch.Tensor:
     """[chosen (P, R), rejected (P, R)] -> (2P, R) rows in the order [chosen_0, rejected_0, chosen_1, ...], in
     fp32 (fp64 stays fp64)."""
@@ -198,7 +191,7 @@ def forward_shared_prompt_log_probs(module: nn.Module, micro, temperature: float
         raise ValueError(f"shared-prompt packing is for text pairs; the micro-batch carries {present}")
     packed = pack_pairs(micro)
     tail = packed.width - packed.first
-    kwargs = {"logits_to_keep": tail} if _accepts_logits_to_keep(module) else {}
+    kwargs = {"logits_to_keep": tail} if accepts_logits_to_keep(module) else {}
     logits = module(input_ids=packed.input_ids, attention_mask=_mask_for(module, packed.attention_mask),
                     position_ids=packed.position_ids, use_cache=False, **kwargs).logits
     logits = logits[:, -tail:] / temperature
