@@ -9,10 +9,11 @@ same GSM-style prompts in the same order (``examples/data_preprocess/gsm_symboli
 Our side is the command line a verl user writes (vLLM rollout, FSDP2 actor), no tuning keys; TRL runs its CPU
 path (HF ``generate``) in its own virtualenv (see ``grpo_vs_trl.py``).
 
-The floor is the same batch through the bare engines in one process each, no framework around them:
-vLLM generation (in-process engine, same sampling) + one Hugging Face forward/backward/AdamW step over the
-prompt+completion tokens. Printed: seconds per step (median over steps 2..N), TRL / ours (> 1: ours faster;
-goal >= 2.5x) and ours / floor (1.0 would be no overhead at all), with our step breakdown.
+The floor is the same batch through the bare engines in one process each, no framework around them: vLLM
+generation (in-process engine, same sampling) + one Hugging Face forward/backward/AdamW step over the
+prompt+completion tokens (LM head on the completion positions only). Printed: seconds per step (median over steps
+2..N), TRL / ours (> 1: ours faster; goal >= 2.5x) and ours / floor (1.0 would be no overhead at all), with our
+step breakdown.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ FLOOR_SCRIPT = textwrap.dedent('''
             mask[i, width - len(r):] = 1
         for _ in range(reps + 1):
             start = time.perf_counter()
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, -tokens - 1:-1].float()
+            # the LM head on the completion positions only (logits_to_keep), as both trainers do
+            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=tokens + 1).logits[:, :-1].float()
             logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -tokens:, None]).squeeze(-1)
             (-logp.mean()).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
