@@ -4,10 +4,11 @@
 Each step the policy samples ``actor_rollout_ref.rollout.n`` responses to each of ``data.train_batch_size``
 prompts (the rollout engine; the hybrid engine pushes the newest weights first), the rule reward (or the reward
 model) scores them, and every prompt whose samples do not all score the same gives one pair: its best sample
-(chosen) against its worst (rejected). One DPO update on those pairs follows (``online_dpo.loss_type``, sigmoid by
-default, with ``online_dpo.beta``) against the reference of ``trainer.ref_update_freq`` (-1: the initial model).
-This is the online AI-feedback loop of Guo et al. 2024 ("Direct Language Model Alignment from Online AI
-Feedback") and TRL's OnlineDPOTrainer, with a scored pool of n samples instead of two.
+(chosen) against its worst (rejected) -- or, with ``online_dpo.pairs=all``, every two of its samples whose scores
+differ. One DPO update on those pairs follows (``online_dpo.loss_type``, sigmoid by default, with
+``online_dpo.beta``) against the reference of ``trainer.ref_update_freq`` (-1: the initial model). This is the
+online AI-feedback loop of Guo et al. 2024 ("Direct Language Model Alignment from Online AI Feedback") and TRL's
+OnlineDPOTrainer, with a scored pool of n samples instead of two.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
-from verl.trainer.preference.online import (OnlinePreferenceDriver, best_worst_pairs, check_sampling,
+from verl.trainer.preference.online import (PAIRINGS, OnlinePreferenceDriver, check_sampling, make_pairs,
                                             train_prefixed)
 from verl.trainer.preference.pairs import REF_KEY, PairwisePreferenceLoss
 from verl.utils.config import ConfigError
@@ -31,6 +32,10 @@ def check_config(config: DictConfig) -> PairwisePreferenceLoss:
     """The loss from ``online_dpo.*`` and the sampling keys, checked before any worker starts."""
     check_sampling(config, min_n=2)
     section = config.online_dpo
+    pairing = section.get("pairs", "best_worst")
+    if pairing not in PAIRINGS:
+        raise ConfigError(f"online_dpo.pairs={pairing!r}: set best_worst (the best against the worst sample of each "
+                          "prompt) or all (every two samples of a prompt whose scores differ)")
     try:
         return PairwisePreferenceLoss(str(section.loss_type), float(section.beta), float(section.label_smoothing))
     except ValueError as e:
@@ -48,14 +53,16 @@ class OnlineDPOTrainer(OnlinePreferenceDriver):
         self.loss = check_config(config)
         super().__init__(config, tokenizer)
         self.n = int(config.actor_rollout_ref.rollout.n)
+        self.pairing = str(config.online_dpo.get("pairs", "best_worst"))
         self.load_prompts()
 
     def step(self) -> dict:
         start = time.perf_counter()
         samples, scores, metrics = self.sample_and_score()               # n samples per prompt, scored
-        pairs = best_worst_pairs(scores, self.n)                         # best vs worst per prompt, ties skipped
+        pairs = make_pairs(scores, self.n, self.pairing)                 # best vs worst (or all) per prompt
         groups = len(scores) // self.n
-        metrics.update({"online_dpo/pairs": float(len(pairs)), "online_dpo/tied_prompts": float(groups - len(pairs))})
+        tied = int((scores.reshape(groups, self.n).amax(-1) == scores.reshape(groups, self.n).amin(-1)).sum())
+        metrics.update({"online_dpo/pairs": float(len(pairs)), "online_dpo/tied_prompts": float(tied)})
         if pairs:
             chosen, rejected = (samples.select_idxs([p[k] for p in pairs]) for k in (0, 1))
             metrics["online_dpo/chosen_score"] = float(scores[[p[0] for p in pairs]].mean())

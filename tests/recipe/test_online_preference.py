@@ -9,8 +9,8 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.trainer.preference.losses import sppo_loss
-from verl.trainer.preference.online import (OnlinePreferenceDriver, SPPOLoss, best_worst_pairs, check_sampling,
-                                            win_probabilities)
+from verl.trainer.preference.online import (OnlinePreferenceDriver, SPPOLoss, all_pairs, best_worst_pairs,
+                                            check_sampling, make_pairs, win_probabilities)
 from verl.utils.config import ConfigError
 
 
@@ -23,6 +23,27 @@ from verl.utils.config import ConfigError
 ])
 def test_best_worst_pairs(scores, n, want):
     assert best_worst_pairs(torch.tensor(scores), n) == want
+
+
+@pytest.mark.parametrize("scores, n, want", [
+    ([0.0, 1.0, 0.5, 0.0], 4, [(1, 0), (1, 2), (1, 3), (2, 0), (2, 3)]),   # the tied zeros are not paired
+    ([1.0, 1.0, 0.0, 0.0, 0.3, 0.3, 0.3, 0.3], 4, [(0, 2), (0, 3), (1, 2), (1, 3)]),
+    ([0.0, 0.0], 2, []),
+    ([-1.0, 2.0, 0.0, 0.0], 2, [(1, 0)]),
+])
+def test_all_pairs(scores, n, want):
+    assert all_pairs(torch.tensor(scores), n) == want
+
+
+def test_all_pairs_of_binary_scores_count_right_times_wrong():
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0] + [0.0] * 8 + [1.0] * 7 + [0.0])
+    pairs = all_pairs(scores, 8)
+    assert len(pairs) == 3 * 5 + 0 + 7 * 1
+    assert all(scores[c] == 1.0 and scores[r] == 0.0 and c // 8 == r // 8 for c, r in pairs)
+    assert len(set(pairs)) == len(pairs)
+    assert make_pairs(scores, 8, "all") == pairs and make_pairs(scores, 8, "best_worst") == best_worst_pairs(scores, 8)
+    with pytest.raises(ValueError, match="'random' is not one of: best_worst, all"):
+        make_pairs(scores, 8, "random")
 
 
 def test_pairing_needs_whole_groups_of_two_or_more():
@@ -120,9 +141,11 @@ def test_online_dpo_config_errors_name_the_key():
         return OmegaConf.merge(_config(), {"online_dpo": {**base, **section}})
 
     assert check_config(cfg()).beta == 0.1
+    assert check_config(cfg(pairs="all")).beta == 0.1
     for section, message in (({"loss_type": "kto"}, "loss_type='kto' is not a pairwise preference loss"),
                              ({"beta": 0.0}, "beta must be > 0"),
-                             ({"label_smoothing": 0.7}, "label_smoothing must be in [0, 0.5)")):
+                             ({"label_smoothing": 0.7}, "label_smoothing must be in [0, 0.5)"),
+                             ({"pairs": "random"}, "online_dpo.pairs='random': set best_worst")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             check_config(cfg(**section))
 

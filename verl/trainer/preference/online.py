@@ -2,6 +2,7 @@
 the policy is updated against a reference. Shared by ``recipe/online_dpo``, ``recipe/spin`` and ``recipe/sppo``.
 
 - :func:`best_worst_pairs`: per prompt, the best- and worst-scored of its ``n`` samples (online DPO);
+  :func:`all_pairs`: every pair of a prompt's samples whose scores differ (``online_dpo.pairs=all``);
 - :func:`win_probabilities`: per sample, the estimated probability that it beats another sample of the same
   prompt (SPPO's ``P(y > pi_t | x)``), from indicator wins or a Bradley-Terry model of the scores;
 - :class:`SPPOLoss`: SPPO's squared loss as an engine loss function;
@@ -35,9 +36,10 @@ from verl.utils.config import ConfigError
 from verl.workers.engine import MicroBatchSpec, TrainSpec
 from verl.workers.preference_worker import PreferenceWorker
 
-__all__ = ["best_worst_pairs", "win_probabilities", "WIN_RATE_KINDS", "SPPOLoss", "OnlinePreferenceDriver",
+__all__ = ["best_worst_pairs", "all_pairs", "make_pairs", "PAIRINGS", "win_probabilities", "WIN_RATE_KINDS", "SPPOLoss", "OnlinePreferenceDriver",
            "TRAIN_KEYS", "check_positive_int", "check_sampling"]
 
+PAIRINGS = ("best_worst", "all")
 TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 WIN_RATE_KINDS = ("indicator", "bradley_terry")
 
@@ -59,6 +61,26 @@ def best_worst_pairs(scores: torch.Tensor, n: int) -> list[tuple[int, int]]:
         if hi != lo:
             pairs.append((g * n + group.index(hi), g * n + group.index(lo)))
     return pairs
+
+
+def all_pairs(scores: torch.Tensor, n: int) -> list[tuple[int, int]]:
+    """``scores`` holds ``n`` consecutive samples per prompt; per prompt every ``(higher row, lower row)`` of two
+    samples with different scores (``k`` right and ``n - k`` wrong samples give ``k (n - k)`` pairs), in row
+    order of the higher then the lower sample. Tied samples are never paired."""
+    pairs = []
+    for g, group in enumerate(_groups(scores, n).tolist()):
+        for i, hi in enumerate(group):
+            pairs.extend((g * n + i, g * n + j) for j, lo in enumerate(group) if hi > lo)
+    return pairs
+
+
+def make_pairs(scores: torch.Tensor, n: int, pairing: str = "best_worst") -> list[tuple[int, int]]:
+    """(chosen row, rejected row) pairs by ``pairing``: ``best_worst`` (one per prompt) or ``all``."""
+    if pairing == "best_worst":
+        return best_worst_pairs(scores, n)
+    if pairing == "all":
+        return all_pairs(scores, n)
+    raise ValueError(f"pairing {pairing!r} is not one of: {', '.join(PAIRINGS)}")
 
 
 def win_probabilities(scores: torch.Tensor, n: int, kind: str = "indicator") -> torch.Tensor:
