@@ -2,7 +2,7 @@
 FSDP2 updates and real generation), a few steps each:
 
 - online DPO: 3 steps with checkpoints at steps 2 and 3; a second run resumes from step 2 and must log the same
-  step-3 metrics (sampling included: the rollout seed follows the step);
+  step-3 metrics (sampling included: the rollout seed follows the step); 2 steps with ``online_dpo.pairs=all``;
 - SPIN with ``trainer.ref_update_freq=2``: the reference is the policy at steps 0 and 2, so the implicit rewards
   are exactly 0 in the steps that start from a fresh reference (1 and 3) and not in step 2;
 - SPPO: 2 steps of the squared loss on win probabilities.
@@ -65,6 +65,26 @@ def test_online_dpo_pairs_trains_checkpoints_and_resumes(assets, tmp_path):
     assert "resumed from" in log and sorted(resumed) == [3]
     for key in ("critic/score/mean", "online_dpo/pairs", "train/rewards/margins", "actor/dpo_loss"):
         assert resumed[3][key] == pytest.approx(full[3][key], rel=1e-4, abs=1e-6), key
+
+
+def test_online_dpo_all_pairs(assets, tmp_path):
+    """online_dpo.pairs=all: every two samples of a prompt whose scores differ; with 4 samples scored 0, 0.5 or 1 a
+    prompt gives 1 to 6 pairs (k right of n give k (n - k) with two score levels)."""
+    args = _common(assets, tmp_path / "ckpt", 2) + ["actor_rollout_ref.rollout.n=4", "online_dpo.beta=0.5",
+                                                    "online_dpo.pairs=all", "online_dpo.micro_batch_size_per_gpu=8",
+                                                    "+reward_model.reward_kwargs.format_score=0.5",
+                                                    "trainer.val_before_train=false"]
+    m, _ = run_recipe("recipe.online_dpo.main_online_dpo", tmp_path / "all", args)
+    assert sorted(m) == [1, 2]
+    for step in (1, 2):
+        untied = 8 - m[step]["online_dpo/tied_prompts"]
+        assert untied >= 1 and untied <= m[step]["online_dpo/pairs"] <= 6 * untied, step
+        assert m[step]["online_dpo/trained_pairs"] == m[step]["online_dpo/pairs"]
+        assert m[step]["online_dpo/chosen_score"] > m[step]["online_dpo/rejected_score"]
+        assert math.isfinite(m[step]["actor/dpo_loss"]) and m[step]["actor/grad_norm"] > 0
+    assert m[1]["actor/dpo_loss"] == pytest.approx(math.log(2), abs=1e-5)
+    # more pairs than best_worst would give in at least one step (several samples of a prompt beat another)
+    assert max(m[s]["online_dpo/pairs"] - (8 - m[s]["online_dpo/tied_prompts"]) for s in (1, 2)) > 0
 
 
 def test_spin_reference_is_the_previous_iterate(assets, tmp_path):
