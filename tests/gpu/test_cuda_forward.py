@@ -6,6 +6,9 @@ Skipped where there is no CUDA GPU (every CI machine of this project). Run on a 
 ``python -m pytest -q tests/gpu``.
 """
 
+import os
+import sys
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -14,6 +17,9 @@ from transformers import Qwen2ForCausalLM
 from verl.utils.embedded import build_config
 from verl.workers.engine.hf_forward import forward_log_probs
 from verl.workers.engine.shared_prompt import forward_shared_prompt_log_probs, unsupported_reason
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers", "actor"))
+from engine_testlib import FullLogitsForward  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -57,18 +63,6 @@ def test_packed_pairs_match_two_rows_on_cuda():
     torch.testing.assert_close(packed[mask], rows[mask], rtol=0, atol=1e-4)
 
 
-class _FullLogits(torch.nn.Module):
-    """The same model behind a forward without ``logits_to_keep``: the LM head on every position."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=use_cache)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_lm_head_on_response_positions_only_on_cuda(dtype):
     model = _model(dtype)
@@ -76,7 +70,7 @@ def test_lm_head_on_response_positions_only_on_cuda(dtype):
     params = list(model.parameters())
     _, kept = forward_log_probs(model, batch, 0.9, use_remove_padding=True)
     grads_kept = torch.autograd.grad(kept.sum(), params)
-    _, full = forward_log_probs(_FullLogits(model), batch, 0.9, use_remove_padding=True)
+    _, full = forward_log_probs(FullLogitsForward(model), batch, 0.9, use_remove_padding=True)
     grads_full = torch.autograd.grad(full.sum(), params)
     if dtype == torch.float32:
         torch.testing.assert_close(kept, full, rtol=0, atol=1e-5)

@@ -75,6 +75,19 @@ def make_batch(bsz: int = 4, prompt_len: int = 6, resp_len: int = 5, seed: int =
     return batch
 
 
+class FullLogitsForward(torch.nn.Module):
+    """A causal LM behind a forward that does not take ``logits_to_keep``: the LM head runs on every position (the
+    reference the response-positions-only forward is compared with)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=use_cache)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "actor"))
-from engine_testlib import make_batch, tiny_model  # noqa: E402
+from engine_testlib import FullLogitsForward, make_batch, tiny_model  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.workers.engine import FSDPEngine, MicroBatchSpec, TrainSpec  # noqa: E402
@@ -49,18 +49,6 @@ def test_engine_infers_and_trains_on_logits():
     assert after[data.batch["response_mask"].bool()].mean() > before
 
 
-class _NoLogitsToKeep(torch.nn.Module):
-    """The same model behind a forward that does not take ``logits_to_keep`` (full logits every position)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=use_cache)
-
-
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_lm_head_only_on_response_positions_gives_the_same_log_probs_and_grads(remove_padding, lora):
@@ -71,7 +59,7 @@ def test_lm_head_only_on_response_positions_gives_the_same_log_probs_and_grads(r
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    plain = _NoLogitsToKeep(model)
+    plain = FullLogitsForward(model)
     assert accepts_logits_to_keep(model) and not accepts_logits_to_keep(plain)
     batch = make_batch(bsz=5, seed=4)
     ent_a, lp_a = forward_log_probs(model, batch, 0.8, calculate_entropy=True, use_remove_padding=remove_padding)
