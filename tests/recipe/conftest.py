@@ -27,3 +27,17 @@ def arith_pref_files(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("arith_pref")
     return write_preference_files(str(root), n_train=16, n_test=8, config=ArithmeticConfig(max_digits=1))
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """The environment a recipe driver runs with in these tests (offline, no Ray auth, Ray workers at normal
+    priority); Ray is shut down after the test if the driver left it running."""
+    for key, value in {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
+                       "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "RAY_worker_niceness": "0"}.items():
+        monkeypatch.setenv(key, value)
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import ray
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -41,15 +40,6 @@ def _config(model, files, ckpt):
 def _by_step(trainer):
     return {m["step"]: m for m in trainer.metric_history}
 
-
-@pytest.fixture
-def env(monkeypatch):
-    for key, value in {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-                       "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0"}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def test_kto_trains_checkpoints_and_resumes(env, arith_rl_assets, arith_pref_files, tmp_path):

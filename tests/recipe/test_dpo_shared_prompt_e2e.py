@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -23,15 +22,6 @@ pytestmark = pytest.mark.e2e
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "dpo" / "config")
 
-
-@pytest.fixture
-def env(monkeypatch):
-    for key, value in {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-                       "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "RAY_worker_niceness": "0"}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def test_packed_pairs_match_two_rows_and_train(env, arith_rl_assets, arith_pref_files, tmp_path, capsys):

@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -24,15 +23,6 @@ pytestmark = pytest.mark.e2e
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "recipe" / "reward_model" / "config")
 STEPS = 2
 
-
-@pytest.fixture
-def env(monkeypatch):
-    for key, value in {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-                       "WANDB_MODE": "offline", "RAY_DEDUP_LOGS": "0", "RAY_worker_niceness": "0"}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def test_reward_model_training_writes_a_loadable_classifier(env, arith_rl_assets, arith_pref_files, tmp_path):
