@@ -4,6 +4,8 @@
   in the node are ignored, missing ones take the dataclass default).
 - ``check_overrides(base_cfg, overrides)``: look at Hydra command-line overrides *before* Hydra composes the
   config, so that a misspelled key fails with our message ("did you mean ...") instead of Hydra's.
+- ``cfg_get(node, "a.b", default)``: read one value from an OmegaConf node, dict, dataclass or None, with a
+  default for a missing level or an explicit None (the one config reader every module uses).
 - ``ConfigError``: the one exception type for "the user's config is wrong"; entry points print its message
   and exit with code 2.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -21,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 __all__ = [
     "ConfigError",
+    "cfg_get",
     "omega_conf_to_dataclass",
     "flatten_keys",
     "suggest_keys",
@@ -31,6 +35,27 @@ __all__ = [
 
 class ConfigError(ValueError):
     """The user's configuration cannot be run; the message names the key and what would work."""
+
+
+def cfg_get(config: Any, key: str, default: Any = None) -> Any:
+    """``config.a.b`` for ``key="a.b"`` on a DictConfig, dict, dataclass or None.
+
+    Returns ``default`` when a level is missing or the value is None. A DictConfig is asked for its keys before
+    a value is read: a miss through ``hasattr`` or ``.get`` makes omegaconf build and format an exception inside
+    (two per miss in struct mode, ~50 us together), and the rollout reads its config per request. Other mappings
+    are read with ``.get``, everything else (dataclasses, namespaces) with ``getattr``.
+    """
+    node = config
+    for part in key.split("."):
+        if node is None:
+            return default
+        if isinstance(node, DictConfig):
+            node = node.get(part) if part in node.keys() else None
+        elif isinstance(node, Mapping):
+            node = node.get(part, None)
+        else:
+            node = getattr(node, part, None)
+    return default if node is None else node
 
 
 def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None) -> Any:

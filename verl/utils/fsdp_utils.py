@@ -29,6 +29,7 @@ from torch import nn
 from transformers.optimization import (get_constant_schedule_with_warmup,
                                        get_cosine_with_min_lr_schedule_with_warmup)
 
+from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name, get_torch_device
 from verl.utils.model import to_torch_dtype, unwrap_peft
 
@@ -40,7 +41,6 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 __all__ = [
-    "cfg_get",
     "create_device_mesh",
     "get_fsdp_wrap_modules",
     "get_mixed_precision_policy",
@@ -61,15 +61,6 @@ __all__ = [
     "load_fsdp_optimizer",
 ]
 
-
-def cfg_get(config, key: str, default=None):
-    """``config.a.b`` for key ``"a.b"`` on an OmegaConf node, dict, dataclass or None; ``default`` if absent/None."""
-    node = config
-    for part in key.split("."):
-        if node is None:
-            return default
-        node = node.get(part, None) if isinstance(node, Mapping) else getattr(node, part, None)
-    return default if node is None else node
 
 
 # ------------------------------------------------------------------------------------------------ sharding

@@ -37,6 +37,7 @@ from verl.experimental.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -47,7 +48,6 @@ from verl.workers.engine import (MicroBatchSpec, TrainEngine, get_engine_cls)
 from verl.workers.engine.config import (EngineConfig, actor_engine_config, critic_engine_config,
                                         ref_engine_config, reward_engine_config)
 from verl.workers.rollout import get_rollout_class
-from verl.workers.rollout.utils import cfg_get
 from verl.workers.sharding_manager import FSDPRolloutShardingManager
 from verl.workers.sharding_manager.fsdp_rollout import iter_base_tensors, iter_lora_adapter_tensors
 from verl.workers.worker_utils import (build_device_mesh, init_distributed, load_tokenizer, max_across_ranks,

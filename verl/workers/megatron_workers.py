@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from verl.utils.config import cfg_get
 from verl.workers import fsdp_workers
 from verl.workers.config_utils import per_device_micro_size, ppo_batch_sizes
 from verl.workers.engine import MicroBatchSpec
-from verl.workers.rollout.utils import cfg_get
 
 __all__ = ["ActorRolloutRefWorker", "AsyncActorRolloutRefWorker", "CriticWorker", "RewardModelWorker",
            "megatron_grid"]

@@ -36,12 +36,12 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.preference.pairs import last_token_scores, sequence_logps
+from verl.utils.config import cfg_get
 from verl.utils.model import check_model_dir
 from verl.workers.config_utils import read_only_config
 from verl.workers.engine import MicroBatchSpec, TrainEngine, TrainSpec, get_engine_cls
 from verl.workers.engine.config import actor_engine_config
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
-from verl.workers.rollout.utils import cfg_get
 from verl.workers.worker_utils import build_device_mesh, init_distributed, load_tokenizer
 
 __all__ = ["PreferenceWorker", "RewardTrainerWorker", "mean_metrics"]

@@ -36,9 +36,10 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field
 
 from verl.protocol import DataProto
+from verl.utils.config import cfg_get
 from verl.utils.import_utils import load_module
 from verl.workers.rollout.async_server import AsyncRolloutServer, TokenOutput
-from verl.workers.rollout.utils import cfg_get, sampling_params_for
+from verl.workers.rollout.utils import sampling_params_for
 
 __all__ = ["AgentLoopBase", "AgentLoopOutput", "AgentLoopMetrics", "AsyncLLMServerManager", "AgentLoopWorker",
            "register", "get_agent_loop_class", "load_agent_loop_config", "AGENT_LOOP_REGISTRY"]

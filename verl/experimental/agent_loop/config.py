@@ -7,7 +7,7 @@ import logging
 from verl.interactions.utils.interaction_registry import InteractionConfigError, check_interaction_config
 from verl.tools.utils.tool_registry import ToolConfigError, get_tool_class, load_tool_config
 from verl.utils.config import ConfigError
-from verl.workers.rollout.utils import cfg_get
+from verl.utils.config import cfg_get
 
 from .agent_loop import AGENT_LOOP_REGISTRY, load_agent_loop_config
 from .tool_parser import ToolParser

@@ -32,8 +32,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from verl.utils.config import cfg_get
 from verl.utils.import_utils import load_module
-from verl.workers.rollout.utils import cfg_get
 
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from .openai_endpoint import ChatSession, get_loopback_server

@@ -35,7 +35,7 @@ from uuid import uuid4
 
 from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
 from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
-from verl.workers.rollout.utils import cfg_get
+from verl.utils.config import cfg_get
 
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from .tool_parser import ToolParser

@@ -19,8 +19,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 import torch
 
-from verl.trainer.ppo._cfg import cfg_get
 from verl.utils import torch_functional as verl_F
+from verl.utils.config import cfg_get
 from verl.utils.groupwise import as_torch_index, group_mean_std
 
 __all__ = [

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verl.trainer.ppo._cfg import cfg_get
 from verl.trainer.ppo.advantage import *  # noqa: F401,F403
 from verl.trainer.ppo.advantage import __all__ as _adv_all
 from verl.trainer.ppo.advantage import AdvantageEstimator, get_adv_estimator_fn
@@ -33,6 +32,7 @@ from verl.trainer.ppo.pf_ppo import compute_pf_ppo_reweight_data
 from verl.trainer.ppo.policy_loss import *  # noqa: F401,F403
 from verl.trainer.ppo.policy_loss import __all__ as _loss_all
 from verl.utils import torch_functional as verl_F
+from verl.utils.config import cfg_get
 from verl.utils.padding import response_mask
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from verl.trainer.ppo._cfg import cfg_get
+from verl.utils.config import cfg_get
 
 __all__ = [
     "KL_ESTIMATORS",

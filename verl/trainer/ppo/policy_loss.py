@@ -17,8 +17,8 @@ from typing import Callable, Optional
 
 import torch
 
-from verl.trainer.ppo._cfg import cfg_get
 from verl.utils import torch_functional as verl_F
+from verl.utils.config import cfg_get
 
 __all__ = [
     "LOSS_AGG_MODES",

@@ -30,7 +30,8 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.preference.pairs import interleave_pairs
-from verl.utils.dataset.rl_dataset import _as_file_list, _cfg_get, left_pad, read_parquet_rows
+from verl.utils.config import cfg_get
+from verl.utils.dataset.rl_dataset import _as_file_list, left_pad, read_parquet_rows
 
 __all__ = ["PreferenceDataset", "UnpairedPreferenceDataset", "ResponseDataset", "PreferenceDataError",
            "mismatched_partners"]
@@ -53,14 +54,14 @@ class _Encoder:
 
     def __init__(self, tokenizer, config):
         self.tokenizer = tokenizer
-        self.prompt_key = _cfg_get(config, "prompt_key", "prompt")
-        self.max_prompt_length = int(_cfg_get(config, "max_prompt_length", 512))
-        self.max_response_length = int(_cfg_get(config, "max_response_length", 512))
-        self.truncation = _cfg_get(config, "truncation", "error")
+        self.prompt_key = cfg_get(config, "prompt_key", "prompt")
+        self.max_prompt_length = int(cfg_get(config, "max_prompt_length", 512))
+        self.max_response_length = int(cfg_get(config, "max_response_length", 512))
+        self.truncation = cfg_get(config, "truncation", "error")
         if self.truncation not in ("error", "right"):
             raise ValueError(f"data.truncation={self.truncation!r}: preference responses support error|right")
-        self.filter_overlong_prompts = bool(_cfg_get(config, "filter_overlong_prompts", False))
-        self.use_chat_template = bool(_cfg_get(config, "apply_chat_template", True))
+        self.filter_overlong_prompts = bool(cfg_get(config, "filter_overlong_prompts", False))
+        self.use_chat_template = bool(cfg_get(config, "apply_chat_template", True))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; preference responses need one to end on")
@@ -179,9 +180,9 @@ class PreferenceDataset(_Base):
     required = ("prompt", "chosen", "rejected")
 
     def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
-        self.keys = {"prompt": _cfg_get(config, "prompt_key", "prompt"),
-                     "chosen": _cfg_get(config, "chosen_key", "chosen"),
-                     "rejected": _cfg_get(config, "rejected_key", "rejected")}
+        self.keys = {"prompt": cfg_get(config, "prompt_key", "prompt"),
+                     "chosen": cfg_get(config, "chosen_key", "chosen"),
+                     "rejected": cfg_get(config, "rejected_key", "rejected")}
         self.chosen: list[list[int]] = []
         self.rejected: list[list[int]] = []
         self.margins: list[float] = []
@@ -253,9 +254,9 @@ class UnpairedPreferenceDataset(_Base):
     required = ("prompt", "completion", "label")
 
     def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
-        self.keys = {"prompt": _cfg_get(config, "prompt_key", "prompt"),
-                     "completion": _cfg_get(config, "completion_key", "completion"),
-                     "label": _cfg_get(config, "label_key", "label")}
+        self.keys = {"prompt": cfg_get(config, "prompt_key", "prompt"),
+                     "completion": cfg_get(config, "completion_key", "completion"),
+                     "label": cfg_get(config, "label_key", "label")}
         self.completions: list[list[int]] = []
         self.labels: list[bool] = []
         super().__init__(data_files, tokenizer, config, max_samples)
@@ -318,8 +319,8 @@ class ResponseDataset(_Base):
     required = ("prompt", "response")
 
     def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
-        self.keys = {"prompt": _cfg_get(config, "prompt_key", "prompt"),
-                     "response": _cfg_get(config, "response_key", "response")}
+        self.keys = {"prompt": cfg_get(config, "prompt_key", "prompt"),
+                     "response": cfg_get(config, "response_key", "response")}
         self.responses: list[list[int]] = []
         super().__init__(data_files, tokenizer, config, max_samples)
 

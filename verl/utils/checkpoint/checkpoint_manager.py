@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name, get_torch_device
-from verl.utils.fsdp_utils import cfg_get
 
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 TRACKER_FILE = "latest_checkpointed_iteration.txt"

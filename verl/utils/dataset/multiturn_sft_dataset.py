@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from verl.utils.dataset.rl_dataset import _cfg_get
+from verl.utils.config import cfg_get
 from verl.utils.dataset.sft_dataset import _SFTBase, load_rows, pack_sft_item
 
 
 class MultiTurnSFTDataset(_SFTBase):
     def __init__(self, parquet_files, tokenizer, config, max_samples: int = -1):
         super().__init__(tokenizer, config, max_samples)
-        multiturn = _cfg_get(config, "multiturn", None)
-        self.messages_key = _cfg_get(multiturn, "messages_key", None) or _cfg_get(config, "messages_key", "messages")
+        multiturn = cfg_get(config, "multiturn", None)
+        self.messages_key = cfg_get(multiturn, "messages_key", None) or cfg_get(config, "messages_key", "messages")
         key_name = "data.multiturn.messages_key"
         self.rows, self.origins = load_rows(parquet_files, [(self.messages_key, key_name)], self.max_samples)
 

@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from verl.utils.config import cfg_get
 from verl.utils.dataset.dataloader import make_random_sampler, make_sequential_sampler
 from verl.utils.dataset.vision_utils import decode_image, mrope_position_ids, pad_multi_modal_inputs
 from verl.utils.import_utils import load_module
@@ -61,13 +62,6 @@ OVERLONG_FIX = (
     "set data.truncation=left|right|middle, or data.filter_overlong_prompts=True, or raise data.max_prompt_length"
 )
 
-
-def _cfg_get(config, key: str, default=None):
-    """``config.get`` for DictConfig, dict or None, treating an explicit None as missing."""
-    if config is None:
-        return default
-    value = config.get(key, default)
-    return default if value is None else value
 
 
 def _as_file_list(data_files) -> list[str]:
@@ -135,19 +129,19 @@ class RLHFDataset(Dataset):
         self.config = config
         self.max_samples = int(max_samples if max_samples is not None else -1)
 
-        self.prompt_key = _cfg_get(config, "prompt_key", "prompt")
-        self.max_prompt_length = int(_cfg_get(config, "max_prompt_length", 1024))
-        self.truncation = _cfg_get(config, "truncation", "error")
-        self.filter_overlong_prompts = bool(_cfg_get(config, "filter_overlong_prompts", False))
-        self.return_raw_chat = bool(_cfg_get(config, "return_raw_chat", False))
-        self.return_full_prompt = bool(_cfg_get(config, "return_full_prompt", False))
-        self.chat_template = _cfg_get(config, "chat_template", None)
-        self.apply_chat_template_kwargs = dict(_cfg_get(config, "apply_chat_template_kwargs", {}))
-        self.shuffle = bool(_cfg_get(config, "shuffle", False))
-        self.seed = int(_cfg_get(config, "seed", 1))
-        self.image_key = _cfg_get(config, "image_key", "images")
-        self.video_key = _cfg_get(config, "video_key", "videos")
-        self.return_multi_modal_inputs = bool(_cfg_get(config, "return_multi_modal_inputs", True))
+        self.prompt_key = cfg_get(config, "prompt_key", "prompt")
+        self.max_prompt_length = int(cfg_get(config, "max_prompt_length", 1024))
+        self.truncation = cfg_get(config, "truncation", "error")
+        self.filter_overlong_prompts = bool(cfg_get(config, "filter_overlong_prompts", False))
+        self.return_raw_chat = bool(cfg_get(config, "return_raw_chat", False))
+        self.return_full_prompt = bool(cfg_get(config, "return_full_prompt", False))
+        self.chat_template = cfg_get(config, "chat_template", None)
+        self.apply_chat_template_kwargs = dict(cfg_get(config, "apply_chat_template_kwargs", {}))
+        self.shuffle = bool(cfg_get(config, "shuffle", False))
+        self.seed = int(cfg_get(config, "seed", 1))
+        self.image_key = cfg_get(config, "image_key", "images")
+        self.video_key = cfg_get(config, "video_key", "videos")
+        self.return_multi_modal_inputs = bool(cfg_get(config, "return_multi_modal_inputs", True))
 
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r} is not one of {'|'.join(TRUNCATION_MODES)}")
@@ -396,11 +390,11 @@ def collate_fn(data_list: list[dict]) -> dict[str, Any]:
 # ---- construction helpers used by the trainer -------------------------------------------------------------
 def get_dataset_class(data_config):
     """``RLHFDataset``, or the class named by ``data.custom_cls.{path,name}`` (loaded from the user's file)."""
-    custom = _cfg_get(data_config, "custom_cls", None)
-    path = _cfg_get(custom, "path", None)
+    custom = cfg_get(data_config, "custom_cls", None)
+    path = cfg_get(custom, "path", None)
     if path is None:
         return RLHFDataset
-    name = _cfg_get(custom, "name", None)
+    name = cfg_get(custom, "name", None)
     if not name:
         raise ValueError(f"data.custom_cls.path={path} is set but data.custom_cls.name is empty; name the class")
     if not path.startswith("pkg://") and not os.path.isfile(os.path.expanduser(path)):
@@ -418,7 +412,7 @@ def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_tra
     """Build the train (or validation) dataset; ``max_samples`` defaults to data.train/val_max_samples."""
     cls = get_dataset_class(data_config)
     if max_samples is None:
-        max_samples = _cfg_get(data_config, "train_max_samples" if is_train else "val_max_samples", -1)
+        max_samples = cfg_get(data_config, "train_max_samples" if is_train else "val_max_samples", -1)
     kwargs = dict(data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config)
     params = inspect.signature(cls.__init__).parameters
     if "max_samples" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -440,14 +434,14 @@ def create_rl_sampler(data_config, dataset):
     ``RandomSampler`` (use ``StatefulDataLoader``, see ``verl.utils.dataset.dataloader``), else
     ``ResumableRandomSampler``.
     """
-    sampler_cfg = _cfg_get(data_config, "sampler", None)
-    class_path = _cfg_get(sampler_cfg, "class_path", None)
+    sampler_cfg = cfg_get(data_config, "sampler", None)
+    class_path = cfg_get(sampler_cfg, "class_path", None)
     if class_path is not None:
-        class_name = _cfg_get(sampler_cfg, "class_name", None)
+        class_name = cfg_get(sampler_cfg, "class_name", None)
         cls = getattr(load_module(class_path), class_name or "", None)
         if cls is None:
             raise AttributeError(f"data.sampler.class_name={class_name!r} is not defined in {class_path}")
         return cls(data_source=dataset, data_config=data_config)
-    if _cfg_get(data_config, "shuffle", True):
-        return make_random_sampler(dataset, seed=int(_cfg_get(data_config, "seed", 1)))
+    if cfg_get(data_config, "shuffle", True):
+        return make_random_sampler(dataset, seed=int(cfg_get(data_config, "seed", 1)))
     return make_sequential_sampler(dataset)

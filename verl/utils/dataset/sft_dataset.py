@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from verl.utils.dataset.rl_dataset import _as_file_list, _cfg_get, read_parquet_rows
+from verl.utils.config import cfg_get
+from verl.utils.dataset.rl_dataset import _as_file_list, read_parquet_rows
 
 SFT_TRUNCATION_MODES = ("error", "left", "right")
 
@@ -72,9 +73,9 @@ class _SFTBase(Dataset):
     def __init__(self, tokenizer, config, max_samples: int):
         self.tokenizer = tokenizer
         self.config = config
-        self.max_length = int(_cfg_get(config, "max_length", 1024))
-        self.truncation = _cfg_get(config, "truncation", "error")
-        self.chat_template = _cfg_get(config, "chat_template", None)
+        self.max_length = int(cfg_get(config, "max_length", 1024))
+        self.truncation = cfg_get(config, "truncation", "error")
+        self.chat_template = cfg_get(config, "chat_template", None)
         self.max_samples = -1 if max_samples is None else int(max_samples)
         if self.truncation not in SFT_TRUNCATION_MODES:
             raise ValueError(f"data.truncation={self.truncation!r} is not one of {'|'.join(SFT_TRUNCATION_MODES)}")
@@ -117,10 +118,10 @@ class SFTDataset(_SFTBase):
 
     def __init__(self, parquet_files, tokenizer, config, max_samples: int = -1):
         super().__init__(tokenizer, config, max_samples)
-        self.prompt_key = _cfg_get(config, "prompt_key", "prompt")
-        self.response_key = _cfg_get(config, "response_key", "response")
-        self.prompt_dict_keys = list(_cfg_get(config, "prompt_dict_keys", []) or [])
-        self.response_dict_keys = list(_cfg_get(config, "response_dict_keys", []) or [])
+        self.prompt_key = cfg_get(config, "prompt_key", "prompt")
+        self.response_key = cfg_get(config, "response_key", "response")
+        self.prompt_dict_keys = list(cfg_get(config, "prompt_dict_keys", []) or [])
+        self.response_dict_keys = list(cfg_get(config, "response_dict_keys", []) or [])
         if tokenizer.eos_token is None:
             raise ValueError("the tokenizer has no eos token; SFT appends it to every response")
         self.rows, self.origins = load_rows(

@@ -39,8 +39,8 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.trainer.ppo.rollout_corr import truncated_is_weights
+from verl.utils.config import cfg_get
 from verl.utils.dataset.vision_utils import MM_KEYS
-from verl.utils.fsdp_utils import cfg_get
 from verl.utils.padding import response_mask
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.config_utils import PPOBatchSizes

@@ -15,7 +15,7 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
-from verl.utils.fsdp_utils import cfg_get
+from verl.utils.config import cfg_get
 from verl.utils.padding import response_mask
 from verl.utils.torch_functional import masked_mean
 from verl.workers.config_utils import PPOBatchSizes

@@ -13,16 +13,10 @@ Config (verl's names): ``reward_model.reward_kwargs.overlong_buffer_cfg.{enable,
 
 from __future__ import annotations
 
+from verl.utils.config import cfg_get
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample
 from verl.workers.reward_manager.registry import register
 
-
-def _get(cfg, key, default=None):
-    if cfg is None:
-        return default
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
 
 
 def overlong_penalty(response_length: int, max_resp_len: int, buffer_len: int, penalty_factor: float) -> float:
@@ -43,8 +37,8 @@ class DAPORewardManager(AbstractRewardManager):
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **reward_kwargs)
         self.overlong_buffer_cfg = overlong_buffer_cfg
         self.max_resp_len = max_resp_len
-        if _get(overlong_buffer_cfg, "enable", False):
-            buffer_len = _get(overlong_buffer_cfg, "len")
+        if cfg_get(overlong_buffer_cfg, "enable", False):
+            buffer_len = cfg_get(overlong_buffer_cfg, "len")
             if max_resp_len is None:
                 raise ValueError("dapo reward manager: overlong_buffer_cfg.enable=True needs max_resp_len "
                                  "(set reward_model.reward_kwargs.max_resp_len, usually data.max_response_length)")
@@ -63,12 +57,12 @@ class DAPORewardManager(AbstractRewardManager):
 
     def postprocess(self, samples, scores, extra):
         cfg = self.overlong_buffer_cfg
-        if not _get(cfg, "enable", False):
+        if not cfg_get(cfg, "enable", False):
             return scores, extra
-        buffer_len, factor = int(_get(cfg, "len")), float(_get(cfg, "penalty_factor", 1.0))
+        buffer_len, factor = int(cfg_get(cfg, "len")), float(cfg_get(cfg, "penalty_factor", 1.0))
         penalties = [overlong_penalty(s.valid_response_length, int(self.max_resp_len), buffer_len, factor)
                      for s in samples]
-        if _get(cfg, "log", False):
+        if cfg_get(cfg, "log", False):
             extra["overlong_reward"] = penalties
             extra["overlong"] = [p < 0 for p in penalties]
         return [score + p for score, p in zip(scores, penalties)], extra

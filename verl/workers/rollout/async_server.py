@@ -26,10 +26,10 @@ from typing import Any, Optional
 
 import torch
 
+from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
 
 from .base import BaseRollout
-from .utils import cfg_get
 
 __all__ = ["TokenOutput", "RolloutRequest", "AsyncRolloutServer", "request_sampling_params"]
 

@@ -31,12 +31,13 @@ import torch
 import torch.nn as nn
 
 from verl.protocol import DataProto
+from verl.utils.config import cfg_get
 from verl.utils.model import causal_lm_class, load_hf_config
 from verl.utils.tokenizer import hf_processor
 
 from .async_server import TokenOutput
 from .base import BaseRollout
-from .utils import (cfg_get, eos_id_list, filter_logits_top_k_top_p, pad_right, resolve_torch_dtype,
+from .utils import (eos_id_list, filter_logits_top_k_top_p, pad_right, resolve_torch_dtype,
                     response_mask_from_eos, sampling_params_for)
 
 __all__ = ["HFRollout"]

@@ -1,15 +1,14 @@
-"""Small helpers shared by the rollout engines: config access, dtypes, sampling filters, response masks."""
+"""Small helpers shared by the rollout engines: dtypes, sampling filters, response masks."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from typing import Any, Iterable
 
 import torch
 
+from verl.utils.config import cfg_get
+
 __all__ = [
-    "cfg_get",
     "resolve_torch_dtype",
     "filter_logits_top_k_top_p",
     "eos_id_list",
@@ -24,20 +23,6 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 
-
-def cfg_get(config: Any, key: str, default: Any = None) -> Any:
-    """``config.key`` for a DictConfig, dict, dataclass or None, with a default for missing / None values."""
-    if config is None:
-        return default
-    if isinstance(config, dict):
-        val = config.get(key, default)
-    elif hasattr(config, "get") and not dataclasses.is_dataclass(config):
-        # (is_dataclass looks at the type: ``hasattr`` on a DictConfig instance raises and formats an exception
-        # inside omegaconf for every miss, ~0.1 ms each, hundreds of times per rollout batch)
-        val = config.get(key, default)
-    else:
-        val = getattr(config, key, default)
-    return default if val is None else val
 
 
 def resolve_torch_dtype(dtype: Any, default: torch.dtype = torch.float32) -> torch.dtype:

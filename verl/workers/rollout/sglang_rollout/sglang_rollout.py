@@ -27,9 +27,10 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.config import cfg_get
 
 from ..base import BaseRollout
-from ..utils import cfg_get, eos_id_list, resolve_torch_dtype, sampling_params_for
+from ..utils import eos_id_list, resolve_torch_dtype, sampling_params_for
 
 __all__ = ["SGLangRollout", "check_sglang_available", "sglang_sampling_params", "bucket_named_tensors"]
 

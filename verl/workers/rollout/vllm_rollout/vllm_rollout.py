@@ -36,6 +36,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
+from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
 from verl.utils.hf_experts import unfuse_expert_weights
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
@@ -44,7 +45,7 @@ from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, p
 
 from ..async_server import TokenOutput
 from ..base import BaseRollout
-from ..utils import cfg_get, eos_id_list, resolve_torch_dtype, sampling_params_for
+from ..utils import eos_id_list, resolve_torch_dtype, sampling_params_for
 from .lora_adapter import default_adapter_root, vllm_max_lora_rank, write_adapter_dir
 
 __all__ = ["vLLMRollout", "build_engine_kwargs", "prompt_token_id_lists"]
