@@ -24,7 +24,7 @@ LAYERS = {
 # they may import only utils and protocol.
 ALGORITHMS = {"verl.trainer.ppo.core_algos", "verl.trainer.ppo.advantage", "verl.trainer.ppo.policy_loss",
               "verl.trainer.ppo.kl", "verl.trainer.ppo.pf_ppo", "verl.trainer.ppo.rollout_corr",
-              "verl.trainer.ppo._cfg", "verl.trainer.preference.losses", "verl.trainer.preference.pairs"}
+              "verl.trainer.preference.losses", "verl.trainer.preference.pairs"}
 # Root modules that may be imported inside a function: optional or heavy dependencies that only some runs need
 # (rollout engines, Megatron, Ascend NPUs, experiment trackers, plotting), each import carrying a comment that says
 # "optional" and why. Everything else is imported at the top of its module.
