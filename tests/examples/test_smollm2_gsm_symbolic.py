@@ -23,7 +23,7 @@ exec {python} "$@"
 """
 
 
-def script_overrides(tmp_path, model_dir, **env_extra):
+def script_overrides(tmp_path, model_dir, script=SCRIPT, **env_extra):
     """The overrides the script passes to main_ppo (python replaced by a recorder)."""
     fake = tmp_path / "fakepy"
     fake.write_text(RECORDER.format(python=shlex.quote(sys.executable)))
@@ -31,7 +31,7 @@ def script_overrides(tmp_path, model_dir, **env_extra):
     args = tmp_path / "args.txt"
     env = dict(os.environ, PY=str(fake), ARGS_OUT=str(args), MODEL_DIR=str(model_dir),
                DATA_DIR=str(tmp_path / "data"), HF_HUB_OFFLINE="1", **env_extra)
-    proc = subprocess.run(["bash", str(SCRIPT), "trainer.total_training_steps=3"], env=env, capture_output=True,
+    proc = subprocess.run(["bash", str(script), "trainer.total_training_steps=3"], env=env, capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, args.read_text().splitlines()
@@ -60,6 +60,26 @@ def test_script_command_lines_validate(tmp_path, fake_model, variant):
     assert cfg.actor_rollout_ref.model.lora_rank == int(variant.get("LORA_RANK", 0))
     dtype = "bf16" if "precision=bf16" in stdout else "fp32"
     assert cfg.actor_rollout_ref.actor.fsdp_config.dtype == dtype
+
+
+def test_two_hour_script_runs_grpo_from_the_warm_start(tmp_path, fake_model):
+    """run_smollm2_arith_2h.sh: basic_arithmetic data, then (warm start already written here) GRPO from the SFT
+    model with the documented settings; the command line passes main_ppo's validation."""
+    sft_model = tmp_path / "w-sft" / "global_step_2" / "huggingface"
+    sft_model.parent.mkdir(parents=True)
+    sft_model.symlink_to(fake_model, target_is_directory=True)
+    stdout, overrides = script_overrides(tmp_path, fake_model, script=SCRIPT.with_name("run_smollm2_arith_2h.sh"),
+                                         WORK=str(tmp_path / "w"), SFT_STEPS="2")
+    assert (tmp_path / "data" / "test.parquet").exists()
+    with initialize_config_dir(config_dir=str(REPO / "verl" / "trainer" / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    validate_ppo_config(cfg)
+    assert cfg.actor_rollout_ref.model.path == str(sft_model)
+    assert cfg.trainer.total_training_steps == 3  # the caller's override wins over GRPO_STEPS
+    assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.n == 4
+    assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6 and cfg.data.max_response_length == 64
+    assert cfg.trainer.test_freq == 10 and cfg.trainer.val_before_train
+    assert cfg.trainer.default_local_dir == str(tmp_path / "w-grpo")
 
 
 def test_script_refuses_unknown_algo(tmp_path, fake_model):
