@@ -198,3 +198,12 @@ def test_cpu_has_native_bf16_matches_cpu_flags():
         pytest.skip("no /proc/cpuinfo flags line to compare with (not Linux x86)")
     expected = " avx512_bf16" in flags or " amx_bf16" in flags or " amx_tile" in flags
     assert cpu_has_native_bf16() == expected
+
+
+def test_share_prompt_prefix_is_an_fsdp_path(assets):
+    overrides = good_overrides(assets) + ["actor_rollout_ref.actor.strategy=megatron",
+                                          "actor_rollout_ref.model.share_prompt_prefix=true"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    with pytest.raises(ConfigError, match="share_prompt_prefix=true is not available with strategy=megatron"):
+        validate_ppo_config(cfg, check_files=False)

@@ -173,3 +173,26 @@ def test_one_process_keeps_gathered_parameters(monkeypatch, defaults):
     cfg = _compose(["trainer.device=cpu", "trainer.n_gpus_per_node=1", f"{RESHARD[0]}=true"])
     resolve_host_defaults(cfg, {RESHARD[0]}, defaults)
     assert _select(cfg, RESHARD[0]) is True and _select(cfg, RESHARD[2]) is False
+
+
+def test_samples_of_a_prompt_share_its_forward_on_cpu(monkeypatch, defaults):
+    key = host_defaults.SHARE_PREFIX_KEY
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.n=4"])
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, key) is True
+    assert key in str(choices) and "rollout.n=4" in str(choices)
+    # one sample per prompt: nothing to share
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.n=1"])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, key) is False
+    # set by the user, or a Megatron actor, or a GPU run: kept as it is
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.n=4", f"{key}=false"])
+    resolve_host_defaults(cfg, {key}, defaults)
+    assert _select(cfg, key) is False
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.strategy=megatron"])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, key) is False
+    monkeypatch.setattr(host_defaults, "resolve_device", lambda device: "cuda")
+    cfg = _compose(["actor_rollout_ref.rollout.n=4"])
+    resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, key) is False

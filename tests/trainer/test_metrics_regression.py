@@ -5,7 +5,8 @@ push handing over local shards, the LM head on response positions only) must not
 ``tests/trainer/data/metrics_regression.json`` holds the metrics of the run below recorded at commit 661c454
 (before those cuts), on a 2-core AVX-512 host with torch 2.13.0+cpu. The run uses the paths the cuts touched:
 one FSDP2 worker (one-rank push), the vLLM rollout in its default request-level mode, a reference model with a
-KL loss (actor and reference forwards), fp32 everywhere.
+KL loss (actor and reference forwards), fp32 everywhere; and, since then, the samples of a prompt computed as one
+packed row (``model.share_prompt_prefix``, on by default for CPU runs with rollout.n > 1).
 
 To record again (only after a change that is meant to alter the numerics, saying why in the commit):
     python tests/trainer/test_metrics_regression.py --record tests/trainer/data/metrics_regression.json
@@ -98,6 +99,10 @@ def test_short_run_metrics_match_the_recorded_run(tmp_path):
         for key, value in expected.items():
             assert math.isclose(got[step][key], value, rel_tol=REL_TOL, abs_tol=ABS_TOL), (
                 f"step {step} {key}: {got[step][key]!r}, recorded {value!r}")
+    # on CPU with rollout.n=4 the samples of a prompt share its forward (chosen by the host-aware defaults), so
+    # the recorded numbers also check that path
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "share_prompt_prefix: False -> True" in log and "computed as one packed row per prompt" in log
     # the run really trained: the policy moved and the rewards were not constant
     assert any(abs(m["actor/pg_loss"]) > 0 for m in got.values())
     assert any(m["actor/kl_loss"] > 0 for m in got.values())

@@ -38,6 +38,8 @@ class ModelConfig(Section):
                                           unsupported="activation offload is not available; leave false")
     use_remove_padding: bool = key(True, "pack sequences without padding (actor.use_remove_padding follows it)",
                                    read_in=(WORKERS,))
+    share_prompt_prefix: bool = key(False, "rows sharing a prompt run it once, packed (actor and reference forwards)",
+                                    read_in=(WORKERS,))
     lora_rank: int = key(0, "LoRA rank; > 0 trains adapters only (peft)", ge=0, read_in=(WORKERS, TRAINER))
     lora_alpha: float = key(16, "LoRA scaling numerator", gt=0, read_in=(WORKERS,))
     target_modules: Union[str, list] = key("all-linear", "modules that get adapters", read_in=(WORKERS,))

@@ -64,6 +64,9 @@ def check_megatron_config(config, check_files: bool = True) -> None:
                               "classes follow the actor's strategy); use the same strategy for both")
         if int(_get(config, f"{AR}.model.lora_rank", 0) or 0) > 0 and prefix != "critic":
             raise ConfigError(f"{AR}.model.lora_rank > 0 is not available with strategy=megatron; use fsdp for LoRA")
+        if _get(config, f"{AR}.model.share_prompt_prefix") is True and prefix != "critic":
+            raise ConfigError(f"{AR}.model.share_prompt_prefix=true is not available with strategy=megatron (the "
+                              "packed prompt rows are an FSDP engine path); set it to false")
         tp, pp = _sizes(meg)
         if n_procs % (tp * pp):
             raise ConfigError(f"{prefix}.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = "

@@ -7,11 +7,12 @@ place, so a worker never reads engine keys itself and never changes its config.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from verl.utils.config import cfg_get
 
 __all__ = ["EngineConfig", "plain", "actor_engine_config", "ref_engine_config", "critic_engine_config",
            "reward_engine_config", "sft_engine_config", "MODEL_KINDS"]
@@ -25,13 +26,6 @@ def plain(value: Any) -> Any:
         return OmegaConf.to_container(value, resolve=True)
     return value
 
-
-def _get(node: Any, key: str, default: Any = None) -> Any:
-    for part in key.split("."):
-        if node is None:
-            return default
-        node = node.get(part) if isinstance(node, Mapping) else getattr(node, part, None)
-    return default if node is None else node
 
 
 @dataclass(frozen=True)
@@ -66,6 +60,7 @@ class EngineConfig:
     seed: int = 42
     megatron: dict = field(default_factory=dict)  # <role>.megatron.* (strategy=megatron: parallel sizes)
     ulysses_sequence_parallel_size: int = 1  # ranks that split one packed sequence (FSDP engine)
+    share_prompt_prefix: bool = False  # rows sharing a prompt computed as one packed row (FSDP engine)
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
@@ -79,10 +74,10 @@ def _fsdp_section(fsdp_cfg: Any) -> dict:
 def _common(model_cfg: Any, fsdp_cfg: Any, **kwargs) -> dict:
     fsdp = _fsdp_section(fsdp_cfg)
     return dict(
-        model_path=str(_get(model_cfg, "path")),
+        model_path=str(cfg_get(model_cfg, "path")),
         model_dtype=str(fsdp.get("model_dtype") or "fp32"),
-        override_config=plain(_get(model_cfg, "override_config")),
-        trust_remote_code=bool(_get(model_cfg, "trust_remote_code", False)),
+        override_config=plain(cfg_get(model_cfg, "override_config")),
+        trust_remote_code=bool(cfg_get(model_cfg, "trust_remote_code", False)),
         fsdp=fsdp,
         param_offload=bool(fsdp.get("param_offload", False)),
         optimizer_offload=bool(fsdp.get("optimizer_offload", False)),
@@ -92,74 +87,76 @@ def _common(model_cfg: Any, fsdp_cfg: Any, **kwargs) -> dict:
 
 
 def _grad_clip(role_cfg: Any) -> float | None:
-    value = _get(role_cfg, "grad_clip")
+    value = cfg_get(role_cfg, "grad_clip")
     if value is None:
-        value = _get(role_cfg, "optim.clip_grad")
+        value = cfg_get(role_cfg, "optim.clip_grad")
     return None if value is None else float(value)
 
 
 def _sp_size(role_cfg: Any, default: int = 1) -> int:
     """``<role>.ulysses_sequence_parallel_size`` (verl also accepts it under ``fsdp_config``)."""
-    value = _get(role_cfg, "ulysses_sequence_parallel_size")
+    value = cfg_get(role_cfg, "ulysses_sequence_parallel_size")
     if value is None:
-        value = _get(role_cfg, "fsdp_config.ulysses_sequence_parallel_size", default)
+        value = cfg_get(role_cfg, "fsdp_config.ulysses_sequence_parallel_size", default)
     return int(value)
 
 
 def actor_engine_config(arr_cfg: Any) -> EngineConfig:
     """The trainable policy of ``actor_rollout_ref`` (``model.*`` + ``actor.*``)."""
-    model, actor = _get(arr_cfg, "model"), _get(arr_cfg, "actor")
-    optim = plain(_get(actor, "optim")) or {}
+    model, actor = cfg_get(arr_cfg, "model"), cfg_get(arr_cfg, "actor")
+    optim = plain(cfg_get(actor, "optim")) or {}
     return EngineConfig(
-        name="actor", strategy=str(_get(actor, "strategy", "fsdp")), model_kind="causal_lm",
-        enable_gradient_checkpointing=bool(_get(model, "enable_gradient_checkpointing", False)),
-        use_remove_padding=bool(_get(actor, "use_remove_padding", _get(model, "use_remove_padding", False))),
-        lora_rank=int(_get(model, "lora_rank", 0) or 0), lora_alpha=float(_get(model, "lora_alpha", 16)),
-        target_modules=plain(_get(model, "target_modules", "all-linear")),
-        exclude_modules=plain(_get(model, "exclude_modules")),
+        name="actor", strategy=str(cfg_get(actor, "strategy", "fsdp")), model_kind="causal_lm",
+        enable_gradient_checkpointing=bool(cfg_get(model, "enable_gradient_checkpointing", False)),
+        use_remove_padding=bool(cfg_get(actor, "use_remove_padding", cfg_get(model, "use_remove_padding", False))),
+        lora_rank=int(cfg_get(model, "lora_rank", 0) or 0), lora_alpha=float(cfg_get(model, "lora_alpha", 16)),
+        target_modules=plain(cfg_get(model, "target_modules", "all-linear")),
+        exclude_modules=plain(cfg_get(model, "exclude_modules")),
         optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
-        grad_clip=_grad_clip(actor), checkpoint=plain(_get(actor, "checkpoint")),
-        megatron=plain(_get(actor, "megatron")) or {},
+        grad_clip=_grad_clip(actor), checkpoint=plain(cfg_get(actor, "checkpoint")),
+        megatron=plain(cfg_get(actor, "megatron")) or {},
         ulysses_sequence_parallel_size=_sp_size(actor),
-        **_common(model, _get(actor, "fsdp_config")),
+        share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
+        **_common(model, cfg_get(actor, "fsdp_config")),
     )
 
 
 def ref_engine_config(arr_cfg: Any) -> EngineConfig:
     """The frozen reference policy: ``model.*`` + ``ref.fsdp_config``; padding handling follows the actor."""
-    model, actor, ref = _get(arr_cfg, "model"), _get(arr_cfg, "actor"), _get(arr_cfg, "ref")
-    remove_padding = _get(ref, "use_remove_padding", _get(actor, "use_remove_padding",
-                                                          _get(model, "use_remove_padding", False)))
-    return EngineConfig(name="ref", strategy=str(_get(ref, "strategy", "fsdp")), model_kind="causal_lm",
-                        use_remove_padding=bool(remove_padding), megatron=plain(_get(ref, "megatron")) or {},
+    model, actor, ref = cfg_get(arr_cfg, "model"), cfg_get(arr_cfg, "actor"), cfg_get(arr_cfg, "ref")
+    remove_padding = cfg_get(ref, "use_remove_padding", cfg_get(actor, "use_remove_padding",
+                                                          cfg_get(model, "use_remove_padding", False)))
+    return EngineConfig(name="ref", strategy=str(cfg_get(ref, "strategy", "fsdp")), model_kind="causal_lm",
+                        use_remove_padding=bool(remove_padding), megatron=plain(cfg_get(ref, "megatron")) or {},
                         ulysses_sequence_parallel_size=_sp_size(ref, _sp_size(actor)),
-                        **_common(model, _get(ref, "fsdp_config")))
+                        share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
+                        **_common(model, cfg_get(ref, "fsdp_config")))
 
 
 def critic_engine_config(critic_cfg: Any) -> EngineConfig:
     """The value model of ``critic`` (``critic.model.*``, ``critic.optim``)."""
-    model = _get(critic_cfg, "model")
-    optim = plain(_get(critic_cfg, "optim")) or {}
-    remove_padding = _get(critic_cfg, "use_remove_padding", _get(model, "use_remove_padding", False))
+    model = cfg_get(critic_cfg, "model")
+    optim = plain(cfg_get(critic_cfg, "optim")) or {}
+    remove_padding = cfg_get(critic_cfg, "use_remove_padding", cfg_get(model, "use_remove_padding", False))
     return EngineConfig(
-        name="critic", strategy=str(_get(critic_cfg, "strategy", "fsdp")), model_kind="value",
-        enable_gradient_checkpointing=bool(_get(model, "enable_gradient_checkpointing", False)),
+        name="critic", strategy=str(cfg_get(critic_cfg, "strategy", "fsdp")), model_kind="value",
+        enable_gradient_checkpointing=bool(cfg_get(model, "enable_gradient_checkpointing", False)),
         use_remove_padding=bool(remove_padding),
-        lora_rank=int(_get(model, "lora_rank", 0) or 0), lora_alpha=float(_get(model, "lora_alpha", 16)),
-        target_modules=plain(_get(model, "target_modules", "all-linear")),
+        lora_rank=int(cfg_get(model, "lora_rank", 0) or 0), lora_alpha=float(cfg_get(model, "lora_alpha", 16)),
+        target_modules=plain(cfg_get(model, "target_modules", "all-linear")),
         optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
-        grad_clip=_grad_clip(critic_cfg), checkpoint=plain(_get(critic_cfg, "checkpoint")),
-        megatron=plain(_get(critic_cfg, "megatron")) or {},
+        grad_clip=_grad_clip(critic_cfg), checkpoint=plain(cfg_get(critic_cfg, "checkpoint")),
+        megatron=plain(cfg_get(critic_cfg, "megatron")) or {},
         ulysses_sequence_parallel_size=_sp_size(critic_cfg),
-        **_common(model, _get(model, "fsdp_config")),
+        **_common(model, cfg_get(model, "fsdp_config")),
     )
 
 
 def reward_engine_config(rm_cfg: Any) -> EngineConfig:
     """The frozen reward model of ``reward_model`` (a sequence classifier)."""
-    model = _get(rm_cfg, "model")
-    return EngineConfig(name="reward_model", strategy=str(_get(rm_cfg, "strategy", "fsdp")), model_kind="reward",
-                        megatron=plain(_get(rm_cfg, "megatron")) or {}, **_common(model, _get(model, "fsdp_config")))
+    model = cfg_get(rm_cfg, "model")
+    return EngineConfig(name="reward_model", strategy=str(cfg_get(rm_cfg, "strategy", "fsdp")), model_kind="reward",
+                        megatron=plain(cfg_get(rm_cfg, "megatron")) or {}, **_common(model, cfg_get(model, "fsdp_config")))
 
 
 def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) -> EngineConfig:
@@ -167,21 +164,21 @@ def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) 
 
     Padding is trimmed (``use_remove_padding``): the same loss as the full width, less compute.
     """
-    model, optim = _get(sft_cfg, "model"), _get(sft_cfg, "optim")
-    fsdp = _fsdp_section(_get(model, "fsdp_config"))
+    model, optim = cfg_get(sft_cfg, "model"), cfg_get(sft_cfg, "optim")
+    fsdp = _fsdp_section(cfg_get(model, "fsdp_config"))
     offload = bool(fsdp.get("cpu_offload", False) or fsdp.get("offload_params", False))
     return EngineConfig(
-        name="sft", strategy=str(_get(model, "strategy", "fsdp2")), model_kind="causal_lm", model_path=model_path,
-        model_dtype=str(fsdp.get("model_dtype") or "fp32"), trust_remote_code=bool(_get(model, "trust_remote_code", False)),
-        enable_gradient_checkpointing=bool(_get(model, "enable_gradient_checkpointing", False)),
+        name="sft", strategy=str(cfg_get(model, "strategy", "fsdp2")), model_kind="causal_lm", model_path=model_path,
+        model_dtype=str(fsdp.get("model_dtype") or "fp32"), trust_remote_code=bool(cfg_get(model, "trust_remote_code", False)),
+        enable_gradient_checkpointing=bool(cfg_get(model, "enable_gradient_checkpointing", False)),
         use_remove_padding=True,
-        lora_rank=int(_get(model, "lora_rank", 0) or 0), lora_alpha=float(_get(model, "lora_alpha", 16)),
-        target_modules=plain(_get(model, "target_modules", "all-linear")),
+        lora_rank=int(cfg_get(model, "lora_rank", 0) or 0), lora_alpha=float(cfg_get(model, "lora_alpha", 16)),
+        target_modules=plain(cfg_get(model, "target_modules", "all-linear")),
         fsdp={"offload_policy": offload, **({"dtype": fsdp["dtype"]} if fsdp.get("dtype") else {})},
-        optim={"lr": float(_get(optim, "lr")), "betas": list(plain(_get(optim, "betas", [0.9, 0.95]))),
-               "weight_decay": float(_get(optim, "weight_decay", 0.01)),
-               "lr_warmup_steps_ratio": float(_get(optim, "lr_warmup_steps_ratio", 0.0)),
-               "lr_scheduler_type": str(_get(optim, "lr_scheduler", "cosine"))},
-        total_training_steps=int(total_training_steps), grad_clip=float(_get(optim, "clip_grad", 1.0)),
-        checkpoint=plain(_get(sft_cfg, "trainer.checkpoint")), seed=int(_get(sft_cfg, "trainer.seed", 1)),
+        optim={"lr": float(cfg_get(optim, "lr")), "betas": list(plain(cfg_get(optim, "betas", [0.9, 0.95]))),
+               "weight_decay": float(cfg_get(optim, "weight_decay", 0.01)),
+               "lr_warmup_steps_ratio": float(cfg_get(optim, "lr_warmup_steps_ratio", 0.0)),
+               "lr_scheduler_type": str(cfg_get(optim, "lr_scheduler", "cosine"))},
+        total_training_steps=int(total_training_steps), grad_clip=float(cfg_get(optim, "clip_grad", 1.0)),
+        checkpoint=plain(cfg_get(sft_cfg, "trainer.checkpoint")), seed=int(cfg_get(sft_cfg, "trainer.seed", 1)),
     )

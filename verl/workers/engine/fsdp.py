@@ -32,7 +32,8 @@ from verl.utils.ulysses import UlyssesGroups, check_ulysses_size, init_ulysses_g
 from verl.workers.engine.base import TrainEngine
 from verl.workers.engine.config import EngineConfig
 from verl.workers.engine.hf_forward import forward_log_probs, forward_logits, forward_scores, forward_values
-from verl.workers.engine.shared_prompt import forward_shared_prompt_log_probs, unsupported_reason
+from verl.workers.engine.shared_prompt import (forward_grouped_log_probs, forward_shared_prompt_log_probs,
+                                               unsupported_reason)
 from verl.workers.engine.ulysses import sp_forward_log_probs, sp_forward_values, ulysses_attention_active
 
 __all__ = ["FSDPEngine"]
@@ -65,7 +66,8 @@ class FSDPEngine(TrainEngine):
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None, lr_scheduler=None, *,
                  dp_group=None, use_remove_padding: bool = False, grad_clip: float | None = None,
                  param_offload: bool = False, optimizer_offload: bool = False, checkpoint_config=None,
-                 tokenizer=None, name: str = "engine", ulysses: UlyssesGroups | None = None):
+                 tokenizer=None, name: str = "engine", ulysses: UlyssesGroups | None = None,
+                 share_prompt_prefix: bool = False):
         self.module = module
         self.ulysses = ulysses if ulysses is not None and ulysses.sp_size > 1 else None
         if self.ulysses is not None:
@@ -86,6 +88,14 @@ class FSDPEngine(TrainEngine):
         self.name = name
         self._checkpoint_manager = None
         self._offloaded = False
+        # rows that share a prompt (rollout.n samples) are computed as one packed row when that saves compute
+        self.share_prompt_prefix = bool(share_prompt_prefix)
+        self._told_grouped = False
+        if self.share_prompt_prefix:
+            reason = self.shared_prompt_unsupported()
+            if reason is not None:
+                logger.info("%s: share_prompt_prefix is off: %s", name, reason)
+                self.share_prompt_prefix = False
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -123,7 +133,8 @@ class FSDPEngine(TrainEngine):
         engine = cls(module, optimizer, scheduler, use_remove_padding=config.use_remove_padding,
                      grad_clip=config.grad_clip, param_offload=config.param_offload,
                      optimizer_offload=config.optimizer_offload, checkpoint_config=config.checkpoint,
-                     tokenizer=tokenizer, name=config.name, ulysses=ulysses)
+                     tokenizer=tokenizer, name=config.name, ulysses=ulysses,
+                     share_prompt_prefix=config.share_prompt_prefix)
         engine.offload()
         return engine
 
@@ -146,8 +157,16 @@ class FSDPEngine(TrainEngine):
             return self._sp_forward_micro_batch(micro, outputs, temperature, entropy_grad)
         out = {}
         if "log_probs" in outputs or "entropy" in outputs:
-            entropy, log_probs = forward_log_probs(self.module, micro, temperature, "entropy" in outputs,
-                                                   self.use_remove_padding, entropy_grad)
+            grouped = None
+            if self.share_prompt_prefix:
+                grouped = forward_grouped_log_probs(self.module, micro, temperature, "entropy" in outputs,
+                                                    entropy_grad)
+                if grouped is not None and not self._told_grouped:
+                    self._told_grouped = True
+                    logger.warning("%s: rows that share a prompt are computed as one packed row per prompt "
+                                   "(share_prompt_prefix)", self.name)
+            entropy, log_probs = grouped if grouped is not None else forward_log_probs(
+                self.module, micro, temperature, "entropy" in outputs, self.use_remove_padding, entropy_grad)
             out["log_probs"] = log_probs
             if entropy is not None:
                 out["entropy"] = entropy

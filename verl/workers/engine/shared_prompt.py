@@ -19,6 +19,13 @@ The mask is a 4-D ``(pairs, 1, W, W)`` tensor handed to the model as ``attention
 built on ``transformers.masking_utils`` use such a mask as given. :func:`unsupported_reason` says when that is
 not known to hold (model families outside ``SUPPORTED_MODEL_TYPES``, attention kernels other than sdpa / eager,
 sliding-window layers, vision inputs); callers then keep the two-row layout.
+
+Groups (GRPO and other ``rollout.n > 1`` batches): :func:`pack_groups` generalises the pair layout to runs of
+consecutive rows that share a prompt (``n`` samples of one prompt sit next to each other in a batch), one packed
+row ``[prompt | response_1 | ... | response_k]`` per run, each response seeing the prompt and itself.
+:func:`forward_grouped_log_probs` computes every row's log-probs from it, in row order, when the packed rows
+cost less than the plain ones (:func:`grouping_pays`); otherwise it returns None and the caller runs the plain
+forward.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 from verl.workers.engine.hf_forward import accepts_logits_to_keep
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "PackedPairs", "unsupported_reason", "pack_pairs",
-           "block_attention_mask", "forward_shared_prompt_log_probs"]
+           "block_attention_mask", "forward_shared_prompt_log_probs", "PackedGroups", "prompt_runs", "pack_groups",
+           "grouping_pays", "forward_grouped_log_probs"]
 
 #: model families whose decoder takes a custom 4-D attention mask as given (checked by the tests for the first two)
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "mistral")
@@ -206,3 +214,145 @@ def forward_shared_prompt_log_probs(module: nn.Module, micro, temperature: float
             e = entropy_from_logits((picked if entropy_grad else picked.detach()).float())
             entropies.append(torch.where(valid, e, torch.zeros_like(e)))
     return (_interleave(entropies) if calculate_entropy else None), _interleave(log_probs)
+
+
+# ---------------------------------------------------------------------------------------------- groups of n
+@dataclass
+class PackedGroups:
+    """A micro-batch of ``B`` rows packed into ``G`` rows, one per run of rows sharing a prompt.
+
+    ``input_ids``/``position_ids``/``segments`` are (G, W) (segment ``k + 1`` is the run's k-th response);
+    ``attention_mask`` (G, 1, W, W) as in :func:`block_attention_mask`; ``first`` the column of the last prompt
+    token (the same in every row); ``row_group`` (B,) the packed row of each input row; ``src`` (B, R) the column,
+    counted from ``first``, whose logits predict each response token; ``valid`` (B, R) the real response tokens.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segments: torch.Tensor
+    attention_mask: torch.Tensor
+    first: int
+    row_group: torch.Tensor
+    src: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def prompt_runs(input_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) run index of each row: consecutive rows with the same prompt tokens (and padding) share a run."""
+    rows = input_ids.shape[0]
+    same = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+    if rows > 1:
+        mask_same = (prompt_mask[1:] == prompt_mask[:-1]).all(dim=1)
+        ids_same = ((input_ids[1:] == input_ids[:-1]) | ~prompt_mask[1:]).all(dim=1)
+        same[1:] = mask_same & ids_same
+    return torch.cumsum((~same).long(), dim=0) - 1
+
+
+def pack_groups(micro) -> PackedGroups:
+    """Pack a micro-batch (``input_ids``, ``attention_mask``: left-padded prompt + right-padded response;
+    ``responses``) into one row per run of rows that share a prompt (see :func:`prompt_runs`)."""
+    input_ids, attention_mask, responses = micro["input_ids"], micro["attention_mask"], micro["responses"]
+    rows, seqlen = input_ids.shape
+    resp_len = responses.shape[1]
+    plen = seqlen - resp_len
+    mask = attention_mask.bool()
+    prompt_mask, response_mask = mask[:, :plen], mask[:, plen:]
+    _check_layout(prompt_mask, response_mask)
+    device = input_ids.device
+    group = prompt_runs(input_ids[:, :plen], prompt_mask)
+    groups = int(group[-1]) + 1 if rows else 0
+    starts = torch.nonzero(torch.cat([torch.ones(1, dtype=torch.bool, device=device), group[1:] != group[:-1]]),
+                           as_tuple=False).flatten() if rows else group
+    p = prompt_mask[starts].sum(1)
+    r = response_mask.sum(1)
+    ends = torch.cumsum(r, 0)
+    offset = ends - r - (ends - r)[starts][group]  # where each response starts within its run's response region
+    rank = torch.arange(rows, device=device) - starts[group]
+    total = torch.zeros(groups, dtype=r.dtype, device=device).index_add_(0, group, r)
+    pmax = max(int(p.max()) if groups else 0, 1)
+    width = pmax + (int(total.max()) if groups else 0)
+
+    full = width + 1  # one scratch column at the end takes the padding response tokens, cut off below
+    ids = torch.zeros(groups, full, dtype=input_ids.dtype, device=device)
+    seg = torch.full_like(ids, PAD)
+    pos = torch.zeros_like(ids)
+    take = min(pmax, plen)
+    ids[:, pmax - take:pmax] = input_ids[starts, plen - take:plen]
+    seg[:, pmax - take:pmax] = torch.where(prompt_mask[starts, plen - take:], PROMPT, PAD)
+    cols = torch.arange(pmax, device=device)
+    pos[:, :pmax] = (cols.unsqueeze(0) - (pmax - p).unsqueeze(1)).clamp(min=0)
+
+    j = torch.arange(resp_len, device=device).unsqueeze(0)
+    valid = j < r.unsqueeze(1)
+    col = torch.where(valid, pmax + offset.unsqueeze(1) + j, full - 1)
+    flat = (group.unsqueeze(1) * full + col).flatten()
+    ids.view(-1)[flat] = responses.flatten()
+    seg.view(-1)[flat] = torch.where(valid, (rank + 1).unsqueeze(1).expand_as(col), PAD).flatten().to(seg.dtype)
+    pos.view(-1)[flat] = (p[group].unsqueeze(1) + j).flatten().to(pos.dtype)
+    ids, seg, pos = ids[:, :width], seg[:, :width], pos[:, :width]
+    pos = torch.where(seg == PAD, 0, pos)
+
+    last = pmax - 1  # the logits at the last prompt column predict every response's first token
+    src = torch.where(j == 0, 0, offset.unsqueeze(1) + j)
+    return PackedGroups(input_ids=ids, position_ids=pos, segments=seg, attention_mask=block_attention_mask(seg),
+                        first=last, row_group=group, src=src.clamp(max=width - last - 1), valid=valid)
+
+
+def _cost(rows: int, width: int, hidden: int) -> float:
+    """Relative forward cost of ``rows`` x ``width`` tokens: the linear layers (~12 d^2 per token) plus
+    attention over the row (~2 d x width per token)."""
+    return rows * width * (1.0 + width / (6.0 * max(hidden, 1)))
+
+
+def grouping_pays(module: nn.Module, micro, packed: PackedGroups, margin: float = 0.9) -> bool:
+    """Whether the packed rows cost less than ``margin`` x the plain rows (trimmed to their valid columns)."""
+    mask = micro["attention_mask"]
+    rows = mask.shape[0]
+    if packed.input_ids.shape[0] == rows:  # every run has one row: nothing is shared
+        return False
+    cols = torch.nonzero(mask.any(dim=0), as_tuple=False).flatten()
+    plain_width = int(cols[-1] - cols[0]) + 1 if cols.numel() else 0
+    hidden = int(getattr(getattr(module, "config", None), "hidden_size", 0) or 0)
+    return _cost(packed.input_ids.shape[0], packed.width, hidden) < margin * _cost(rows, plain_width, hidden)
+
+
+def _standard_layout(micro) -> bool:
+    """Left-padded prompts, right-padded responses and positions counting the row's tokens from 0: the layout
+    the packed rows reproduce (anything else is computed unpacked)."""
+    mask = micro["attention_mask"].bool()
+    plen = mask.shape[1] - micro["responses"].shape[1]
+    prompt, response = mask[:, :plen], mask[:, plen:]
+    if bool((prompt[:, 1:] < prompt[:, :-1]).any()) or bool((response[:, 1:] > response[:, :-1]).any()):
+        return False
+    position_ids = micro["position_ids"]
+    if position_ids.dim() != 2:
+        return False
+    expected = (mask.long().cumsum(1) - 1).clamp(min=0)
+    return bool(((position_ids == expected) | ~mask).all())
+
+
+def forward_grouped_log_probs(module: nn.Module, micro, temperature: float = 1.0, calculate_entropy: bool = False,
+                              entropy_grad: bool = True):
+    """``(entropy, log_probs)`` (B, R) of a micro-batch computed on rows packed by :func:`pack_groups` (0 on
+    padding response columns), or None when packing would not save compute (:func:`grouping_pays`)."""
+    if any(k in micro.keys() for k in MM_KEYS) or not _standard_layout(micro):
+        return None
+    packed = pack_groups(micro)
+    if not grouping_pays(module, micro, packed):
+        return None
+    tail = packed.width - packed.first
+    kwargs = {"logits_to_keep": tail} if accepts_logits_to_keep(module) else {}
+    logits = module(input_ids=packed.input_ids, attention_mask=_mask_for(module, packed.attention_mask),
+                    position_ids=packed.position_ids, use_cache=False, **kwargs).logits
+    logits = logits[:, -tail:] / temperature
+    picked = logits[packed.row_group.unsqueeze(1), packed.src]  # (B, R, V)
+    log_probs = torch.where(packed.valid, logprobs_from_logits(picked, micro["responses"]), 0.0)
+    entropy = None
+    if calculate_entropy:
+        e = entropy_from_logits((picked if entropy_grad else picked.detach()).float())
+        entropy = torch.where(packed.valid, e, 0.0)
+    return entropy, (log_probs if log_probs.dtype == torch.float64 else log_probs.float())
