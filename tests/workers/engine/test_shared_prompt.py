@@ -67,8 +67,9 @@ def test_packing_layout_positions_and_block_mask():
     # a rejected token never sees a chosen token; it sees the whole prompt
     assert not allowed[0, 7:, 5:7].any() and allowed[0, 9, 2:5].all()
     # the logits of the last prompt column predict both first tokens; then each segment's previous column
-    assert packed.chosen_src[0, :2].tolist() == [0, 1] and packed.rejected_src[0, :3].tolist() == [0, 3, 4]
-    assert packed.chosen_valid[1].tolist() == [True, False, False, False]
+    assert packed.src[0, :2].tolist() == [0, 1] and packed.src[1, :3].tolist() == [0, 3, 4]  # chosen, rejected
+    assert packed.valid[2].tolist() == [True, False, False, False]  # the chosen response of pair 1
+    assert packed.row_group.tolist() == [0, 0, 1, 1]
 
 
 def test_packing_refuses_rows_that_are_not_pairs_of_one_prompt():

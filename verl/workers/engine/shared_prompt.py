@@ -15,14 +15,15 @@ Prompts are left-padded to the micro-batch's longest prompt, so every chosen res
 column and the logits are computed only from the last prompt column on (``logits_to_keep``); the row is as
 wide as the longest prompt plus the longest chosen + rejected pair of the micro-batch.
 
-The mask is a 4-D ``(pairs, 1, W, W)`` tensor handed to the model as ``attention_mask``; Hugging Face models
+The mask is a 4-D ``(rows, 1, W, W)`` tensor handed to the model as ``attention_mask``; Hugging Face models
 built on ``transformers.masking_utils`` use such a mask as given. :func:`unsupported_reason` says when that is
 not known to hold (model families outside ``SUPPORTED_MODEL_TYPES``, attention kernels other than sdpa / eager,
 sliding-window layers, vision inputs); callers then keep the two-row layout.
 
-Groups (GRPO and other ``rollout.n > 1`` batches): :func:`pack_groups` generalises the pair layout to runs of
-consecutive rows that share a prompt (``n`` samples of one prompt sit next to each other in a batch), one packed
-row ``[prompt | response_1 | ... | response_k]`` per run, each response seeing the prompt and itself.
+Groups (GRPO and other ``rollout.n > 1`` batches): :func:`pack_groups` is the general form, and pairs are packed
+with it too. Each run of consecutive rows that share a prompt (the ``n`` samples of one prompt sit next to each
+other in a batch) becomes one row ``[prompt | response_1 | ... | response_k]``, each response seeing the prompt
+and itself.
 :func:`forward_grouped_log_probs` computes every row's log-probs from it, in row order, when the packed rows
 cost less than the plain ones (:func:`grouping_pays`); otherwise it returns None and the caller runs the plain
 forward.
@@ -39,7 +40,7 @@ from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.engine.hf_forward import accepts_logits_to_keep
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "PackedPairs", "unsupported_reason", "pack_pairs",
+__all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "unsupported_reason", "pack_pairs",
            "block_attention_mask", "forward_shared_prompt_log_probs", "PackedGroups", "prompt_runs", "pack_groups",
            "grouping_pays", "forward_grouped_log_probs"]
 
@@ -73,31 +74,6 @@ def unsupported_reason(module: nn.Module) -> str | None:
     return None
 
 
-@dataclass
-class PackedPairs:
-    """One micro-batch of ``P`` pairs packed as described in the module docstring.
-
-    ``input_ids``/``position_ids``/``segments`` are (P, W); ``attention_mask`` (P, 1, W, W) is True where a query
-    (row) may attend to a key (column). ``first`` is the column of the last prompt token (the same in every row);
-    ``chosen_src`` / ``rejected_src`` (P, R) hold, for each response token, the column whose logits predict it,
-    counted from ``first``; ``chosen_valid`` / ``rejected_valid`` (P, R) mark real response tokens.
-    """
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    segments: torch.Tensor
-    attention_mask: torch.Tensor
-    first: int
-    chosen_src: torch.Tensor
-    rejected_src: torch.Tensor
-    chosen_valid: torch.Tensor
-    rejected_valid: torch.Tensor
-
-    @property
-    def width(self) -> int:
-        return self.input_ids.shape[1]
-
-
 def _check_layout(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
     if prompt_mask.shape[1] and bool((prompt_mask[:, 1:] < prompt_mask[:, :-1]).any()):
         raise ValueError("shared-prompt packing needs left-padded prompts (a prompt row has padding after a token)")
@@ -117,59 +93,24 @@ def block_attention_mask(segments: torch.Tensor) -> torch.Tensor:
     return allowed.unsqueeze(1)
 
 
-def pack_pairs(micro) -> PackedPairs:
+def pack_pairs(micro) -> "PackedGroups":
     """Pack an interleaved pair micro-batch (``input_ids``, ``attention_mask``, ``responses``: rows ``2i`` and
-    ``2i + 1`` are the chosen and rejected responses to one prompt) into one row per pair."""
+    ``2i + 1`` are the chosen and rejected responses to one prompt) into one row per pair (per run of pairs with
+    the same prompt): :func:`pack_groups` after checking that the rows are such pairs. Segment ``CHOSEN`` is the
+    chosen response, ``REJECTED`` the rejected one."""
     input_ids, attention_mask, responses = micro["input_ids"], micro["attention_mask"], micro["responses"]
     rows, seqlen = input_ids.shape
     if rows % 2:
         raise ValueError(f"shared-prompt packing needs interleaved pairs (an even number of rows), got {rows}")
-    resp_len = responses.shape[1]
-    plen = seqlen - resp_len
-    mask = attention_mask.bool()
-    prompt_mask, response_mask = mask[:, :plen], mask[:, plen:]
-    _check_layout(prompt_mask, response_mask)
+    plen = seqlen - responses.shape[1]
+    prompt_mask = attention_mask[:, :plen].bool()
+    _check_layout(prompt_mask, attention_mask[:, plen:].bool())
     prompt_c, prompt_r = input_ids[0::2, :plen], input_ids[1::2, :plen]
     if not torch.equal(prompt_mask[0::2], prompt_mask[1::2]) or bool(
             ((prompt_c != prompt_r) & prompt_mask[0::2]).any()):
         raise ValueError("shared-prompt packing: rows 2i and 2i+1 must be the chosen and rejected responses to the "
                          "same prompt")
-    device = input_ids.device
-    p = prompt_mask[0::2].sum(1)
-    c, r = response_mask[0::2].sum(1), response_mask[1::2].sum(1)
-    pairs = p.shape[0]
-    pmax = max(int(p.max()) if pairs else 0, 1)  # a column for "the last prompt token" even with empty prompts
-    width = pmax + (int((c + r).max()) if pairs else 0)
-
-    cols = torch.arange(width + resp_len + 1, device=device)  # room to write everything, cut to width after
-    ids = torch.zeros(pairs, cols.numel(), dtype=input_ids.dtype, device=device)
-    seg = torch.full_like(ids, PAD)
-    pos = torch.zeros_like(ids)
-    take = min(pmax, plen)
-    ids[:, pmax - take:pmax] = prompt_c[:, plen - take:]
-    seg[:, pmax - take:pmax] = torch.where(prompt_mask[0::2, plen - take:], PROMPT, PAD)
-    pos[:, :pmax] = (cols[:pmax].unsqueeze(0) - (pmax - p).unsqueeze(1)).clamp(min=0)
-
-    j = torch.arange(resp_len, device=device).unsqueeze(0)
-    dump = cols.numel() - 1  # padding response tokens are written to a scratch column that is cut off
-    valid_c, valid_r = j < c.unsqueeze(1), j < r.unsqueeze(1)
-    col_c = torch.where(valid_c, pmax + j, dump)
-    col_r = torch.where(valid_r, pmax + c.unsqueeze(1) + j, dump)
-    for col, tokens, name, valid in ((col_c, responses[0::2], CHOSEN, valid_c),
-                                     (col_r, responses[1::2], REJECTED, valid_r)):
-        ids.scatter_(1, col, tokens)
-        seg.scatter_(1, col, torch.where(valid, name, PAD))
-        pos.scatter_(1, col, p.unsqueeze(1) + j.expand_as(col))
-    ids, seg, pos = ids[:, :width], seg[:, :width], pos[:, :width]
-    pos = torch.where(seg == PAD, 0, pos)
-
-    last = pmax - 1  # logits at this column predict the first chosen and the first rejected token
-    src_c = (torch.where(j == 0, last, pmax + j - 1) - last).expand(pairs, -1)
-    src_r = torch.where(j == 0, last, pmax + c.unsqueeze(1) + j - 1) - last
-    tail = width - last
-    return PackedPairs(input_ids=ids, position_ids=pos, segments=seg, attention_mask=block_attention_mask(seg),
-                       first=last, chosen_src=src_c.clamp(max=tail - 1), rejected_src=src_r.clamp(max=tail - 1),
-                       chosen_valid=valid_c, rejected_valid=valid_r)
+    return pack_groups(micro)
 
 
 def _mask_for(module: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
@@ -183,13 +124,6 @@ def _mask_for(module: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
                                                                                       torch.finfo(dtype).min)
 
 
-def _interleave(parts: list[torch.Tensor]) -> torch.Tensor:
-    """[chosen (P, R), rejected (P, R)] -> (2P, R) rows in the order [chosen_0, rejected_0, chosen_1, ...], in
-    fp32 (fp64 stays fp64)."""
-    out = torch.stack(parts, dim=1).reshape(-1, parts[0].shape[-1])
-    return out if out.dtype == torch.float64 else out.float()
-
-
 def forward_shared_prompt_log_probs(module: nn.Module, micro, temperature: float = 1.0,
                                     calculate_entropy: bool = False, entropy_grad: bool = True):
     """``(entropy, log_probs)`` (2P, R) of an interleaved pair micro-batch, computed on packed rows; the same
@@ -197,23 +131,7 @@ def forward_shared_prompt_log_probs(module: nn.Module, micro, temperature: float
     present = [k for k in MM_KEYS if k in micro.keys()]
     if present:
         raise ValueError(f"shared-prompt packing is for text pairs; the micro-batch carries {present}")
-    packed = pack_pairs(micro)
-    tail = packed.width - packed.first
-    kwargs = {"logits_to_keep": tail} if accepts_logits_to_keep(module) else {}
-    logits = module(input_ids=packed.input_ids, attention_mask=_mask_for(module, packed.attention_mask),
-                    position_ids=packed.position_ids, use_cache=False, **kwargs).logits
-    logits = logits[:, -tail:] / temperature
-    responses = micro["responses"]
-    log_probs, entropies = [], []
-    for k, (src, valid) in enumerate(((packed.chosen_src, packed.chosen_valid),
-                                      (packed.rejected_src, packed.rejected_valid))):
-        picked = torch.gather(logits, 1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        lp = logprobs_from_logits(picked, responses[k::2])
-        log_probs.append(torch.where(valid, lp, torch.zeros_like(lp)))
-        if calculate_entropy:
-            e = entropy_from_logits((picked if entropy_grad else picked.detach()).float())
-            entropies.append(torch.where(valid, e, torch.zeros_like(e)))
-    return (_interleave(entropies) if calculate_entropy else None), _interleave(log_probs)
+    return _packed_forward(module, micro, pack_pairs(micro), temperature, calculate_entropy, entropy_grad)
 
 
 # ---------------------------------------------------------------------------------------------- groups of n
@@ -344,6 +262,12 @@ def forward_grouped_log_probs(module: nn.Module, micro, temperature: float = 1.0
     packed = pack_groups(micro)
     if not grouping_pays(module, micro, packed):
         return None
+    return _packed_forward(module, micro, packed, temperature, calculate_entropy, entropy_grad)
+
+
+def _packed_forward(module: nn.Module, micro, packed: PackedGroups, temperature: float, calculate_entropy: bool,
+                    entropy_grad: bool):
+    """``(entropy, log_probs)`` (B, R) of the micro-batch's rows from one forward over its packed rows."""
     tail = packed.width - packed.first
     kwargs = {"logits_to_keep": tail} if accepts_logits_to_keep(module) else {}
     logits = module(input_ids=packed.input_ids, attention_mask=_mask_for(module, packed.attention_mask),
