@@ -38,6 +38,15 @@ OPTIONAL = ("vllm", "sglang", "megatron", "torch_npu", "transformer_engine", "fl
 ALLOWED_LAZY = {
     ("verl/__init__.py", "verl.protocol"):
         "``import verl`` stays cheap (PEP 562 module __getattr__): DataProto pulls torch and tensordict",
+    # the driver of `python -m verl.trainer.main_ppo` only validates the config, starts Ray and waits: what the
+    # validation and the entry point import stays free of transformers, tensordict and the worker modules
+    ("verl/trainer/main_ppo.py", "verl.trainer.task_runner"):
+        "the TaskRunner (trainer, workers, datasets) is imported inside its Ray actor, not in the driver",
+    ("verl/trainer/config_schema/megatron.py", "transformers"):
+        "the HF config is read only when a Megatron config is validated",
+    ("verl/utils/ulysses.py", "transformers"): "the HF config is read only when Ulysses parallelism is validated",
+    ("verl/experimental/agent_loop/agent_loop.py", "verl.protocol"):
+        "the agent-loop registry is read by config validation; only packing a batch needs DataProto",
 }
 OPTIONAL_COMMENT = "optional"
 
@@ -243,3 +252,41 @@ def test_scanner_flags_a_lazy_standard_library_import(tmp_path):
     assert found == [(2, "os", True), (3, "verl.sibling", False), (5, "vllm", True), (6, "vllm.envs", True),
                      (8, "wandb", False)]
     assert [name for _, name, _ in found if not _is_optional(name)] == ["os", "verl.sibling"]
+
+
+def test_main_ppo_driver_does_not_load_the_trainer(tmp_path):
+    """The driver of ``python -m verl.trainer.main_ppo`` (config checks, host defaults) imports neither
+    transformers, tensordict, vLLM nor the worker modules when it validates a complete GRPO config; the TaskRunner
+    loads them inside its Ray actor."""
+    import subprocess
+    import sys
+
+    from verl.utils.dataset.preprocess_utils import write_parquet
+    from verl.utils.embedded import make_model_dir
+    from verl.utils.embedded.arithmetic import make_rl_rows
+
+    model = make_model_dir(str(tmp_path / "model"), size="tiny", seed=0)
+    data = write_parquet(make_rl_rows(8, "train", seed=0), str(tmp_path / "train.parquet"))
+    overrides = [f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={model}",
+                 "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=4",
+                 "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "trainer.n_gpus_per_node=2"]
+    probe = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "import verl.trainer.main_ppo as m\n"
+        "with initialize_config_dir(config_dir=m.CONFIG_DIR, version_base=None):\n"
+        "    cfg = compose(config_name='ppo_trainer', overrides=sys.argv[1:])\n"
+        "m.resolve_host_defaults(cfg, set())\n"
+        "plan = m.validate_ppo_config(cfg)\n"
+        "print('VALID', plan.device)\n"
+        "heavy = ('transformers', 'tensordict', 'vllm', 'verl.workers.fsdp_workers', 'verl.trainer.ppo.ray_trainer')\n"
+        "print('LOADED', [h for h in heavy if h in sys.modules])\n"
+        "print('RUNNER', m.TaskRunner.__module__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, *overrides], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "VALID cpu" in proc.stdout, proc.stdout
+    assert "LOADED []" in proc.stdout, proc.stdout
+    assert "RUNNER verl.trainer.task_runner" in proc.stdout, proc.stdout

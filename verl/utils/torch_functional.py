@@ -13,7 +13,6 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tensordict import TensorDict
 
 __all__ = [
     "masked_sum",
@@ -255,7 +254,7 @@ def compute_grad_norm(model: torch.nn.Module) -> float:
 def allgather_dict_tensors(tensors, size: int, group, dim: int = 0):
     """All-gather every tensor of a dict / TensorDict over ``group`` (``size`` ranks) and concatenate on ``dim``;
     returns the same container type (a TensorDict's batch size grows ``size`` times)."""
-    is_td = isinstance(tensors, TensorDict)
+    is_td = hasattr(tensors, "to_dict") and hasattr(tensors, "batch_size")  # a TensorDict, without importing it
     source = tensors.to_dict() if is_td else tensors
     output = {}
     for key in sorted(source):
@@ -264,7 +263,7 @@ def allgather_dict_tensors(tensors, size: int, group, dim: int = 0):
         dist.all_gather(parts, value.contiguous(), group=group, async_op=False)
         output[key] = torch.cat(parts, dim=dim)
     if is_td:
-        return TensorDict(source=output, batch_size=[tensors.batch_size[0] * size])
+        return type(tensors)(source=output, batch_size=[tensors.batch_size[0] * size])
     return output
 
 

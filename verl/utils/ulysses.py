@@ -19,7 +19,6 @@ import os
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from transformers import AutoConfig
 
 from verl.utils.config import ConfigError
 
@@ -58,6 +57,8 @@ def _model_heads(path) -> tuple[int | None, int | None]:
     path = os.path.expanduser(str(path))
     if not os.path.isdir(path):
         return None, None  # a hub id or missing directory: the model-path check reports it
+    from transformers import AutoConfig  # here: config validation on the driver does not load transformers
+
     cfg = AutoConfig.from_pretrained(path)
     cfg = getattr(cfg, "text_config", None) or cfg
     heads = getattr(cfg, "num_attention_heads", None)

@@ -35,7 +35,6 @@ import torch
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl.protocol import DataProto
 from verl.utils.config import cfg_get
 from verl.utils.import_utils import load_module
 from verl.workers.rollout.async_server import AsyncRolloutServer, TokenOutput
@@ -302,6 +301,8 @@ class AgentLoopWorker:
             non_tensor[f"__{key}__"] = arr
         meta.setdefault("eos_token_id", getattr(self.tokenizer, "eos_token_id", None))
         meta.setdefault("pad_token_id", pad_id)
+        from verl.protocol import DataProto  # here: the driver imports the registry without tensordict
+
         return DataProto.from_dict(tensors=batch, non_tensors=non_tensor, meta_info=meta)
 
 

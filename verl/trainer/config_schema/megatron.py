@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 from omegaconf import OmegaConf
-from transformers import AutoConfig
 
 from verl.models.mcore.settings import check_megatron_settings
 from verl.utils.config import ConfigError
@@ -36,6 +35,8 @@ def _sizes(meg: dict) -> tuple[int, int]:
 
 
 def _hf_config(path: str, trust: bool):
+    from transformers import AutoConfig  # here: the driver validates configs without loading transformers
+
     return AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust)
 
 

@@ -13,11 +13,12 @@ Output of ``generate_sequences`` (see docs/dev/contracts.md): for ``B`` prompts 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
-from verl.protocol import DataProto
+if TYPE_CHECKING:  # annotations only: importing the rollout interface does not load tensordict
+    from verl.protocol import DataProto
 
 __all__ = ["BaseRollout"]
 

@@ -1,0 +1,153 @@
+"""The TaskRunner: the Ray actor that ``python -m verl.trainer.main_ppo`` starts to build and run the trainer.
+
+It builds the tokenizer, worker classes, role -> resource-pool mapping, reward functions and datasets, then runs
+``RayPPOTrainer.init_workers()`` and ``.fit()``. It lives apart from the entry point so that the driver process
+(which only checks the config, starts Ray and waits) does not import the trainer, the workers or transformers:
+a config error comes back in about 3 s instead of 8, and every run starts that much sooner.
+``verl.trainer.main_ppo.TaskRunner`` still names this class.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pprint import pprint
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from verl.single_controller.ray import RayWorkerGroup
+from verl.trainer.config_schema import PPOPlan, validate_ppo_config
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
+from verl.trainer.ppo.reward import load_reward_manager
+from verl.utils.config import ConfigError
+from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
+from verl.utils.fs import copy_to_local
+from verl.utils.import_utils import import_external_libs
+from verl.utils.tokenizer import hf_processor, hf_tokenizer
+from verl.workers import fsdp_workers, megatron_workers
+
+def resource_pools(config: DictConfig, plan: PPOPlan, placement: str = "colocate") -> tuple[dict, dict]:
+    """Role -> pool mapping and pool sizes: ``({pool: [procs per node] * nnodes}, {Role: pool})``."""
+    nnodes, per_node = int(config.trainer.nnodes), int(config.trainer.n_gpus_per_node)
+    actor_role = Role.ActorRollout
+    if placement == "colocate":
+        spec = {"global_pool": [per_node] * nnodes}
+        actor_pool = critic_pool = "global_pool"
+    elif placement == "split":
+        if per_node >= 2:
+            half = [per_node // 2] * nnodes
+            spec = {"actor_rollout_ref_pool": half, "critic_pool": half}
+        elif nnodes >= 2:
+            spec = {"actor_rollout_ref_pool": [per_node] * (nnodes // 2), "critic_pool": [per_node] * (nnodes // 2)}
+        else:
+            raise ConfigError("split placement needs trainer.n_gpus_per_node >= 2 or trainer.nnodes >= 2")
+        actor_pool, critic_pool = "actor_rollout_ref_pool", "critic_pool"
+    else:
+        raise ConfigError(f"placement={placement!r} is not one of: colocate, split")
+    mapping = {actor_role: actor_pool}
+    if plan.use_critic:
+        mapping[Role.Critic] = critic_pool
+    if plan.use_reference_policy and not plan.ref_in_actor:
+        mapping[Role.RefPolicy] = actor_pool
+    if plan.use_rm:
+        if config.reward_model.enable_resource_pool:
+            spec["reward_pool"] = [int(config.reward_model.n_gpus_per_node)] * int(config.reward_model.nnodes)
+            mapping[Role.RewardModel] = "reward_pool"
+        else:
+            mapping[Role.RewardModel] = critic_pool
+    return spec, mapping
+
+
+def worker_classes(config: DictConfig):
+    """(ActorRolloutRefWorker, CriticWorker, RewardModelWorker, worker-group class) for the strategy."""
+    strategy = config.actor_rollout_ref.actor.strategy
+    if strategy in ("fsdp", "fsdp2"):
+        workers = fsdp_workers
+    elif strategy == "megatron":
+        workers = megatron_workers
+    else:
+        raise ConfigError(f"actor_rollout_ref.actor.strategy={strategy!r} is not one of: fsdp, fsdp2, megatron")
+    return workers.ActorRolloutRefWorker, workers.CriticWorker, workers.RewardModelWorker, RayWorkerGroup
+
+
+class TaskRunner:
+    """Builds everything the trainer needs inside one Ray actor, then trains. A recipe's runner subclass sets
+    ``trainer_cls`` to its RayPPOTrainer subclass (recipe/dapo)."""
+
+    trainer_cls = None  # None: RayPPOTrainer
+
+    def run(self, config: DictConfig, placement: str = "colocate") -> None:
+        print(f"TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
+        OmegaConf.resolve(config)
+        plan = validate_ppo_config(config)
+        print_config(config)
+
+        import_external_libs(config.actor_rollout_ref.model.get("external_lib", None))
+        tokenizer, processor = load_tokenizer_and_processor(config)
+
+        actor_cls, critic_cls, rm_cls, wg_cls = worker_classes(config)
+        role_worker_mapping = {Role.ActorRollout: ray.remote(actor_cls)}
+        if plan.use_critic:
+            role_worker_mapping[Role.Critic] = ray.remote(critic_cls)
+        if plan.use_reference_policy and not plan.ref_in_actor:
+            role_worker_mapping[Role.RefPolicy] = ray.remote(actor_cls)
+        if plan.use_rm:
+            role_worker_mapping[Role.RewardModel] = ray.remote(rm_cls)
+        spec, mapping = resource_pools(config, plan, placement)
+        print(f"Resource pools: {spec}; roles: { {role.name: pool for role, pool in mapping.items()} }")
+        resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=mapping)
+
+        reward_kwargs_node = OmegaConf.select(config, "reward_model.reward_kwargs", default=None)
+        reward_kwargs = dict(OmegaConf.to_container(reward_kwargs_node, resolve=True)) if reward_kwargs_node else {}
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+
+        train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True)
+        val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False)
+        train_sampler = create_rl_sampler(config.data, train_dataset)
+
+        trainer = (self.trainer_cls or RayPPOTrainer)(
+            config=config,
+            tokenizer=tokenizer,
+            processor=processor,
+            role_worker_mapping=role_worker_mapping,
+            resource_pool_manager=resource_pool_manager,
+            ray_worker_group_cls=wg_cls,
+            reward_fn=reward_fn,
+            val_reward_fn=val_reward_fn,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            collate_fn=collate_fn,
+            train_sampler=train_sampler,
+            device_name=plan.device,
+        )
+        trainer.init_workers()
+        trainer.fit()
+
+
+def print_config(config: DictConfig) -> None:
+    """One summary line of the run's config; the whole resolved config (~400 lines) with ``VERL_PRINT_CONFIG=1``.
+
+    ``python -m verl.trainer.main_ppo <overrides> --cfg job`` prints the composed config without running."""
+    if os.environ.get("VERL_PRINT_CONFIG", "").lower() in ("1", "true", "yes"):
+        pprint(OmegaConf.to_container(config, resolve=True))
+        return
+    rollout, trainer = config.actor_rollout_ref.rollout, config.trainer
+    loggers = trainer.logger if isinstance(trainer.logger, str) else list(trainer.logger)
+    print(f"Config: algorithm.adv_estimator={config.algorithm.adv_estimator} "
+          f"actor_rollout_ref.model.path={config.actor_rollout_ref.model.path} rollout.name={rollout.name} "
+          f"rollout.n={rollout.n} data.train_batch_size={config.data.train_batch_size} "
+          f"trainer.total_training_steps={trainer.total_training_steps} trainer.logger={loggers} "
+          "(set VERL_PRINT_CONFIG=1 to print the full config)", flush=True)
+
+
+def load_tokenizer_and_processor(config: DictConfig):
+    model_cfg = config.actor_rollout_ref.model
+    path = copy_to_local(model_cfg.get("tokenizer_path") or model_cfg.path, use_shm=model_cfg.get("use_shm", False))
+    trust = bool(config.data.get("trust_remote_code", False) or model_cfg.get("trust_remote_code", False))
+    tokenizer = hf_tokenizer(path, trust_remote_code=trust)
+    processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
+    return tokenizer, processor
+
+
