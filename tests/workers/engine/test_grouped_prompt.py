@@ -13,8 +13,8 @@ from verl.utils.embedded import build_config
 from verl.workers.engine import FSDPEngine, MicroBatchSpec, TrainSpec
 from verl.workers.engine import fsdp as fsdp_engine
 from verl.workers.engine.hf_forward import forward_log_probs
-from verl.workers.engine.shared_prompt import (PAD, PROMPT, forward_grouped_log_probs, grouping_pays, pack_groups,
-                                               prompt_runs)
+from verl.workers.engine.shared_prompt import (PAD, PROMPT, _packed_shape, forward_grouped_log_probs, grouping_pays,
+                                               pack_groups, prompt_runs)
 
 PROMPT_LEN, RESPONSE_LEN = 8, 5
 
@@ -125,8 +125,14 @@ def test_what_keeps_plain_rows():
     distinct = _micro([([i + 3, i + 4], [[50 + i, 51]]) for i in range(4)])
     assert forward_grouped_log_probs(model, distinct) is None
     # short prompt, long responses: the packed row would be wider than it saves
-    assert not grouping_pays(model, _micro([([7], [[1, 2, 3, 4, 5]] * 2)]), pack_groups(_micro([([7], [[1, 2, 3, 4,
-                                                                                                        5]] * 2)])))
+    long_answers = _micro([([7], [[1, 2, 3, 4, 5]] * 2)])
+    assert not grouping_pays(model, long_answers)
+    # the shape the decision is made on (before packing) is the one pack_groups builds
+    for micro, shape in ((long_answers, (1, 1 + 10)), (_micro(TOY), (3, 7 + 7))):
+        packed = pack_groups(micro)
+        assert _packed_shape(micro) == (packed.input_ids.shape[0], packed.width) == shape
+    # the toy batch (longer prompts, short answers) does pay
+    assert grouping_pays(model, _micro(TOY))
     # positions that do not count the row's tokens from 0 (e.g. a caller's own layout)
     shifted = _micro(TOY)
     shifted["position_ids"] = shifted["position_ids"] + 1

@@ -74,12 +74,19 @@ def unsupported_reason(module: nn.Module) -> str | None:
     return None
 
 
-def _check_layout(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
+def _layout_problem(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> str | None:
+    """None for left-padded prompts and right-padded responses, else what is wrong."""
     if prompt_mask.shape[1] and bool((prompt_mask[:, 1:] < prompt_mask[:, :-1]).any()):
-        raise ValueError("shared-prompt packing needs left-padded prompts (a prompt row has padding after a token)")
+        return "shared-prompt packing needs left-padded prompts (a prompt row has padding after a token)"
     if response_mask.shape[1] and bool((response_mask[:, 1:] > response_mask[:, :-1]).any()):
-        raise ValueError("shared-prompt packing needs right-padded responses (a response row has a token after "
-                         "padding)")
+        return "shared-prompt packing needs right-padded responses (a response row has a token after padding)"
+    return None
+
+
+def _check_layout(prompt_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
+    problem = _layout_problem(prompt_mask, response_mask)
+    if problem:
+        raise ValueError(problem)
 
 
 def block_attention_mask(segments: torch.Tensor) -> torch.Tensor:
@@ -170,16 +177,18 @@ def prompt_runs(input_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Ten
     return torch.cumsum((~same).long(), dim=0) - 1
 
 
-def pack_groups(micro) -> PackedGroups:
+def pack_groups(micro, check: bool = True) -> PackedGroups:
     """Pack a micro-batch (``input_ids``, ``attention_mask``: left-padded prompt + right-padded response;
-    ``responses``) into one row per run of rows that share a prompt (see :func:`prompt_runs`)."""
+    ``responses``) into one row per run of rows that share a prompt (see :func:`prompt_runs`). ``check=False``:
+    the caller has already checked the padding layout."""
     input_ids, attention_mask, responses = micro["input_ids"], micro["attention_mask"], micro["responses"]
     rows, seqlen = input_ids.shape
     resp_len = responses.shape[1]
     plen = seqlen - resp_len
     mask = attention_mask.bool()
     prompt_mask, response_mask = mask[:, :plen], mask[:, plen:]
-    _check_layout(prompt_mask, response_mask)
+    if check:
+        _check_layout(prompt_mask, response_mask)
     device = input_ids.device
     group = prompt_runs(input_ids[:, :plen], prompt_mask)
     groups = int(group[-1]) + 1 if rows else 0
@@ -226,16 +235,31 @@ def _cost(rows: int, width: int, hidden: int) -> float:
     return rows * width * (1.0 + width / (6.0 * max(hidden, 1)))
 
 
-def grouping_pays(module: nn.Module, micro, packed: PackedGroups, margin: float = 0.9) -> bool:
-    """Whether the packed rows cost less than ``margin`` x the plain rows (trimmed to their valid columns)."""
+def _packed_shape(micro) -> tuple[int, int]:
+    """(rows, width) that :func:`pack_groups` would build, from the row counts alone (nothing is packed)."""
+    input_ids, mask = micro["input_ids"], micro["attention_mask"].bool()
+    plen = input_ids.shape[1] - micro["responses"].shape[1]
+    if input_ids.shape[0] == 0:
+        return 0, 0
+    prompt_mask = mask[:, :plen]
+    group = prompt_runs(input_ids[:, :plen], prompt_mask)
+    groups = int(group[-1]) + 1
+    total = torch.zeros(groups, dtype=torch.long, device=group.device).index_add_(0, group, mask[:, plen:].sum(1))
+    return groups, max(int(prompt_mask.sum(1).max()), 1) + int(total.max())
+
+
+def grouping_pays(module: nn.Module, micro, margin: float = 0.9) -> bool:
+    """Whether packing ``micro`` (:func:`pack_groups`) costs less than ``margin`` x its plain rows (trimmed to
+    their valid columns), decided from the row counts before anything is packed."""
     mask = micro["attention_mask"]
     rows = mask.shape[0]
-    if packed.input_ids.shape[0] == rows:  # every run has one row: nothing is shared
+    groups, width = _packed_shape(micro)
+    if groups == rows:  # every run has one row: nothing is shared
         return False
     cols = torch.nonzero(mask.any(dim=0), as_tuple=False).flatten()
     plain_width = int(cols[-1] - cols[0]) + 1 if cols.numel() else 0
     hidden = int(getattr(getattr(module, "config", None), "hidden_size", 0) or 0)
-    return _cost(packed.input_ids.shape[0], packed.width, hidden) < margin * _cost(rows, plain_width, hidden)
+    return _cost(groups, width, hidden) < margin * _cost(rows, plain_width, hidden)
 
 
 def _standard_layout(micro) -> bool:
@@ -243,8 +267,7 @@ def _standard_layout(micro) -> bool:
     the packed rows reproduce (anything else is computed unpacked)."""
     mask = micro["attention_mask"].bool()
     plen = mask.shape[1] - micro["responses"].shape[1]
-    prompt, response = mask[:, :plen], mask[:, plen:]
-    if bool((prompt[:, 1:] < prompt[:, :-1]).any()) or bool((response[:, 1:] > response[:, :-1]).any()):
+    if _layout_problem(mask[:, :plen], mask[:, plen:]) is not None:
         return False
     position_ids = micro["position_ids"]
     if position_ids.dim() != 2:
@@ -259,10 +282,10 @@ def forward_grouped_log_probs(module: nn.Module, micro, temperature: float = 1.0
     padding response columns), or None when packing would not save compute (:func:`grouping_pays`)."""
     if any(k in micro.keys() for k in MM_KEYS) or not _standard_layout(micro):
         return None
-    packed = pack_groups(micro)
-    if not grouping_pays(module, micro, packed):
+    if not grouping_pays(module, micro):
         return None
-    return _packed_forward(module, micro, packed, temperature, calculate_entropy, entropy_grad)
+    return _packed_forward(module, micro, pack_groups(micro, check=False), temperature, calculate_entropy,
+                           entropy_grad)
 
 
 def _packed_forward(module: nn.Module, micro, packed: PackedGroups, temperature: float, calculate_entropy: bool,
