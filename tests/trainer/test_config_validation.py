@@ -187,8 +187,11 @@ def test_bf16_on_cpu_without_native_bf16_warns_with_the_keys(assets, monkeypatch
     assert "no native bf16" not in capsys.readouterr().out
 
 
-def test_cpu_has_native_bf16_matches_cpu_flags():
+def test_cpu_has_native_bf16_matches_cpu_flags(monkeypatch):
     from verl.utils.device import cpu_has_native_bf16
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
 
     flags = ""
     if os.path.exists("/proc/cpuinfo"):
@@ -207,3 +210,19 @@ def test_share_prompt_prefix_is_an_fsdp_path(assets):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     with pytest.raises(ConfigError, match="share_prompt_prefix=true is not available with strategy=megatron"):
         validate_ppo_config(cfg, check_files=False)
+
+
+@pytest.mark.parametrize("name", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"])
+def test_a_onednn_cap_below_bf16_means_no_native_bf16(monkeypatch, name):
+    """oneDNN runs torch's bf16 matmuls on CPU: capped below the bf16 instructions it emulates them, whatever the
+    CPU has, so the host-aware defaults must not take bf16 for the fast path."""
+    from verl.utils import device
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(device.torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert device.cpu_has_native_bf16()
+    monkeypatch.setenv(name, "avx2")
+    assert device.onednn_isa_cap() == "AVX2" and not device.cpu_has_native_bf16()
+    monkeypatch.setenv(name, "AVX512_CORE_BF16")  # a cap that keeps bf16
+    assert device.cpu_has_native_bf16()

@@ -196,3 +196,11 @@ def test_samples_of_a_prompt_share_its_forward_on_cpu(monkeypatch, defaults):
     cfg = _compose(["actor_rollout_ref.rollout.n=4"])
     resolve_host_defaults(cfg, set(), defaults)
     assert _select(cfg, key) is False
+
+
+def test_the_block_names_a_onednn_cap(monkeypatch):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert "(oneDNN capped at AVX2)" in host_defaults._cpu_isa()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    assert "capped" not in host_defaults._cpu_isa()

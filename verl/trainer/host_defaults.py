@@ -38,7 +38,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.utils.device import cpu_has_native_bf16, resolve_device
+from verl.utils.device import cpu_has_native_bf16, onednn_isa_cap, resolve_device
 
 __all__ = ["HostChoices", "resolve_host_defaults", "explicit_override_keys", "old_log_prob_update_blocker",
            "COMPUTE_DTYPE_KEYS", "CHECKPOINTING_KEYS", "OLD_LOG_PROB_KEY", "SHARE_PREFIX_KEY"]
@@ -134,10 +134,9 @@ def _cpu_isa() -> str:
                     break
     except OSError:
         return platform.machine()
-    for name in ("amx_bf16", "avx512_bf16", "avx512f", "avx2"):
-        if name in flags:
-            return name
-    return platform.machine()
+    isa = next((name for name in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if name in flags), platform.machine())
+    cap = onednn_isa_cap()
+    return f"{isa} (oneDNN capped at {cap})" if cap else isa
 
 
 def _weights_bytes(model_path) -> int:

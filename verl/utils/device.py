@@ -173,10 +173,28 @@ def collective_device(group=None) -> torch.device:
     return torch.device(get_device_name(), get_torch_device().current_device())
 
 
+# oneDNN ISA caps (``ONEDNN_MAX_CPU_ISA``, older name ``DNNL_MAX_CPU_ISA``) below the bf16 dot-product
+# instructions: with one of these oneDNN, which runs torch's bf16 matmuls on CPU, emulates bf16
+_ONEDNN_CAPS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def onednn_isa_cap() -> str | None:
+    """The oneDNN ISA cap set in the environment (upper case), if any."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        value = os.environ.get(name, "").strip().upper()
+        if value:
+            return value
+    return None
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bf16 matmuls natively (AVX-512 BF16 or AMX). Without them torch emulates bf16
     and it is far slower than fp32: on our AVX2-only EPYC hosts a 2048^2 bf16 matmul took 60 s vs 0.12 s in
-    fp32, and a 1M-parameter Qwen2 forward+backward 17x longer; on AVX-512-BF16 hosts bf16 is ~4x faster."""
+    fp32, and a 1M-parameter Qwen2 forward+backward 17x longer; on AVX-512-BF16 hosts bf16 is ~4x faster.
+    A oneDNN ISA cap below bf16 (``ONEDNN_MAX_CPU_ISA=AVX2``) counts as no native bf16: oneDNN then emulates it
+    (measured on an AVX-512-BF16 host: a 1024^2 bf16 matmul 6 ms uncapped, 2 s capped at AVX2)."""
+    if onednn_isa_cap() in _ONEDNN_CAPS_WITHOUT_BF16:
+        return False
     probe = getattr(torch, "cpu", None)
     for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         fn = getattr(probe, name, None)
