@@ -290,3 +290,9 @@ def test_main_ppo_driver_does_not_load_the_trainer(tmp_path):
     assert "VALID cpu" in proc.stdout, proc.stdout
     assert "LOADED []" in proc.stdout, proc.stdout
     assert "RUNNER verl.trainer.task_runner" in proc.stdout, proc.stdout
+    # the DAPO entry point names its TaskRunner instead of importing it
+    dapo = ("import sys, recipe.dapo.main_dapo\n"
+            "print('LOADED', [h for h in ('transformers', 'tensordict', 'recipe.dapo.dapo_ray_trainer') "
+            "if h in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", dapo], capture_output=True, text=True, cwd=ROOT).stdout
+    assert "LOADED []" in out, out

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from verl.protocol import DataProto
 from verl.utils.config import ConfigError
+
+if TYPE_CHECKING:  # annotations only: the DAPO entry point checks configs without loading tensordict
+    from verl.protocol import DataProto
 
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 
@@ -117,7 +120,7 @@ class DynamicSampler:
             raise RuntimeError(f"only {self.kept_groups} of {self.train_batch_size} prompt groups collected")
         for part in self._parts[1:]:
             part.meta_info = {}  # per-round bookkeeping; the step's batch keeps the first round's
-        merged = self._parts[0] if len(self._parts) == 1 else DataProto.concat(self._parts)
+        merged = self._parts[0] if len(self._parts) == 1 else type(self._parts[0]).concat(self._parts)
         return merged.slice(0, self.train_batch_size * self.n)
 
     def metrics(self) -> dict:

@@ -15,11 +15,9 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.dapo.dapo_ray_trainer import DAPOTaskRunner
 from recipe.dapo.dynamic_sampling import check_filter_groups
 from verl.trainer.main_ppo import config_error_exit, precheck_cli, run_ppo
-from verl.trainer.preference.driver import quiet_searchpath_warning
-from verl.utils.config import ConfigError
+from verl.utils.config import ConfigError, quiet_searchpath_warning
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
@@ -105,7 +103,8 @@ def main(config: DictConfig) -> None:
         check_dapo_config(config)
     except ConfigError as e:
         config_error_exit(e)
-    run_ppo(config, task_runner_class=DAPOTaskRunner)
+    # named, not imported: the trainer loads inside the TaskRunner's Ray actor, not in this process
+    run_ppo(config, task_runner_class="recipe.dapo.dapo_ray_trainer:DAPOTaskRunner")
 
 
 if __name__ == "__main__":

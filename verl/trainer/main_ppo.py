@@ -16,6 +16,7 @@ critic (and reward model) on the other half (verl's split-placement example).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
@@ -97,16 +98,21 @@ def refuse_dynamic_sampling(config: DictConfig) -> None:
 
 def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "colocate") -> None:
     """Resolve host-aware defaults, validate ``config``, start Ray if needed and run the trainer in a TaskRunner
-    (``task_runner_class``: a TaskRunner subclass, made a Ray actor here, or an actor class already)."""
+    (``task_runner_class``: a TaskRunner subclass, made a Ray actor here, or an actor class already, or its
+    ``"module:Class"`` name, imported inside the actor so that this process does not load the trainer)."""
     print(resolve_host_defaults(config, explicit_override_keys()), flush=True)
     plan = validate_or_exit(config)
     absolutize_local_paths(config)
     if not ray.is_initialized():
         ray.init(**ray_init_kwargs(config, plan))
-    if task_runner_class is None or not hasattr(task_runner_class, "remote"):
+    args = ()
+    if task_runner_class is None or isinstance(task_runner_class, str):
+        args = (task_runner_class or DEFAULT_TASK_RUNNER,)
+        task_runner_class = _NamedRunner
+    if not hasattr(task_runner_class, "remote"):
         # the runner only orchestrates: on CPU it must not take a core away from the workers
-        task_runner_class = ray.remote(num_cpus=0 if plan.device == "cpu" else 1)(task_runner_class or _DefaultRunner)
-    runner = task_runner_class.remote()
+        task_runner_class = ray.remote(num_cpus=0 if plan.device == "cpu" else 1)(task_runner_class)
+    runner = task_runner_class.remote(*args)
     ray.get(runner.run.remote(config, placement))
 
 
@@ -187,13 +193,19 @@ def _total_processes(config: DictConfig) -> int:
     return total
 
 
-class _DefaultRunner:
-    """The TaskRunner, imported inside its Ray actor: this driver process never loads the trainer or workers."""
+DEFAULT_TASK_RUNNER = "verl.trainer.task_runner:TaskRunner"
+
+
+class _NamedRunner:
+    """A TaskRunner named ``"module:Class"``, imported inside its Ray actor: the driver process never loads the
+    trainer or the workers."""
+
+    def __init__(self, target: str):
+        module, _, name = target.partition(":")
+        self.runner = getattr(importlib.import_module(module), name)()
 
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
-        from verl.trainer.task_runner import TaskRunner
-
-        TaskRunner().run(config, placement)
+        self.runner.run(config, placement)
 
 
 def __getattr__(name: str):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+import warnings
 from collections.abc import Mapping
 from typing import Any, Iterable
 
@@ -234,3 +235,9 @@ def unresolved_value(cfg: DictConfig, key: str) -> Any:
         return None
     node = parent._get_node(leaf)
     return node._value() if hasattr(node, "_value") else node
+
+
+def quiet_searchpath_warning() -> None:
+    """Recipe configs find ``ppo_trainer.yaml`` through ``pkg://verl.trainer.config``; Hydra's availability
+    probe wrongly reports that folder (a data directory, not a package) as missing although it loads it."""
+    warnings.filterwarnings("ignore", message=r".*path=verl\.trainer\.config is not available.*")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import warnings
 
 import ray
 import torch
@@ -33,7 +32,7 @@ from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step
 from verl.trainer.ppo.utils import Role
 from verl.trainer.preference.dataset import PreferenceDataError, PreferenceDataset
 from verl.trainer.preference.pairs import pair_train_spec
-from verl.utils.config import ConfigError
+from verl.utils.config import ConfigError, quiet_searchpath_warning  # noqa: F401 (recipes import it from here)
 from verl.utils.device import resolve_device
 from verl.utils.model import check_model_dir
 from verl.utils.tracking import Tracking
@@ -213,12 +212,6 @@ class RecipeDriver:
         self.metric_history = list(state.get("metric_history", []))
         print(f"resumed from {folder} (step {self.global_steps})", flush=True)
         return self.global_steps
-
-
-def quiet_searchpath_warning() -> None:
-    """Recipe configs find ``ppo_trainer.yaml`` through ``pkg://verl.trainer.config``; Hydra's availability
-    probe wrongly reports that folder (a data directory, not a package) as missing although it loads it."""
-    warnings.filterwarnings("ignore", message=r".*path=verl\.trainer\.config is not available.*")
 
 
 EXIT_CONFIG_ERROR = 2
