@@ -201,8 +201,11 @@ class _NamedRunner:
     trainer or the workers."""
 
     def __init__(self, target: str):
-        module, _, name = target.partition(":")
-        self.runner = getattr(importlib.import_module(module), name)()
+        module, _, self.name = target.partition(":")
+        self.runner = getattr(importlib.import_module(module), self.name)()
+
+    def __repr__(self) -> str:  # Ray prefixes the actor's log lines with it: "(TaskRunner pid=...)"
+        return self.name
 
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
         self.runner.run(config, placement)
