@@ -27,7 +27,7 @@ import asyncio
 import logging
 import os
 from abc import ABC, abstractmethod
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 from uuid import uuid4
 
 import numpy as np
@@ -39,6 +39,9 @@ from verl.utils.config import cfg_get
 from verl.utils.import_utils import load_module
 from verl.workers.rollout.async_server import AsyncRolloutServer, TokenOutput
 from verl.workers.rollout.utils import sampling_params_for
+
+if TYPE_CHECKING:  # annotations only; DataProto is imported where a batch is packed
+    from verl.protocol import DataProto
 
 __all__ = ["AgentLoopBase", "AgentLoopOutput", "AgentLoopMetrics", "AsyncLLMServerManager", "AgentLoopWorker",
            "register", "get_agent_loop_class", "load_agent_loop_config", "AGENT_LOOP_REGISTRY"]
