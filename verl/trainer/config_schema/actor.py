@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, STRATEGIES,
                                                CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig,
                                                RefFSDPConfig)
-from verl.trainer.config_schema.places import BATCH_SIZES, LOSS, MAIN, MODEL, TRAINER, WORKERS
+from verl.trainer.config_schema.places import BATCH_SIZES, LOSS, MAIN, MODEL, RUNNER, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -30,7 +30,7 @@ class ModelConfig(Section):
     custom_chat_template: Optional[str] = key(None, "a chat template replacing the tokenizer's",
                                               unsupported="not applied to the policy's tokenizer; set "
                                                           "+data.chat_template=<template> for the prompts instead")
-    external_lib: Optional[str] = key(None, "module imported first (registers custom model classes)", read_in=(MAIN,))
+    external_lib: Optional[str] = key(None, "module imported first (registers custom model classes)", read_in=(RUNNER,))
     override_config: dict = key({}, "free-form overrides of the HF model config (e.g. attn_implementation)",
                                 read_in=(WORKERS, MODEL))
     enable_gradient_checkpointing: bool = key(True, "recompute activations in backward", read_in=(WORKERS,))

@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N
 from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
                                                FSDPConfig, MegatronConfig)
-from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, SCHEMA, TRAINER, WORKERS
+from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 EXTERNAL_LIB = "custom model classes are imported from actor_rollout_ref.model.external_lib; set that instead"
@@ -147,7 +147,7 @@ class RewardModelConfig(Section):
     n_gpus_per_node: int = key(8, "devices (CPU: processes) per node of the RM pool", ge=1, read_in=(MAIN,))
     nnodes: int = key(0, "nodes of the RM pool", ge=0, read_in=(MAIN,))
     strategy: str = key("fsdp", "engine of the RM (megatron: accepted while reward_model.enable=false)",
-                        choices=STRATEGIES, read_in=(MAIN,))
+                        choices=STRATEGIES, read_in=(RUNNER,))
     micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
     micro_batch_size_per_gpu: Optional[int] = key(None, "sequences per RM forward on one device/process", ge=1,
                                                   read_in=(WORKERS,))

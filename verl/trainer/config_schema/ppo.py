@@ -8,8 +8,8 @@ from typing import Optional, Union
 
 from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
-from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, TRACKING,
-                                               CHECKPOINTING, TRAINER, VALIDATION)
+from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, RUNNER,
+                                               TRACKING, CHECKPOINTING, TRAINER, VALIDATION)
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, key, section
 
@@ -76,7 +76,7 @@ class DataConfig(Section):
                                                unsupported="the filter runs in one process here; leave 1")
     truncation: str = key("error", "overlong prompts: error | left | right | middle", choices=TRUNCATIONS,
                           read_in=(RL_DATA,))
-    trust_remote_code: bool = key(False, "allow tokenizer code from the checkpoint", read_in=(MAIN,))
+    trust_remote_code: bool = key(False, "allow tokenizer code from the checkpoint", read_in=(RUNNER,))
     image_key: str = key("images", "column of images (with a vision-language model)", read_in=(RL_DATA,))
     video_key: str = key("videos", "column of videos", unsupported=NO_MULTIMODAL)
     return_multi_modal_inputs: bool = key(True, "return processor outputs (false: images reach the rollout only)",
