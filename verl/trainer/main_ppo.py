@@ -108,7 +108,7 @@ def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "coloca
     args = ()
     if task_runner_class is None or isinstance(task_runner_class, str):
         args = (task_runner_class or DEFAULT_TASK_RUNNER,)
-        task_runner_class = _NamedRunner
+        task_runner_class = NamedTaskRunner
     if not hasattr(task_runner_class, "remote"):
         # the runner only orchestrates: on CPU it must not take a core away from the workers
         task_runner_class = ray.remote(num_cpus=0 if plan.device == "cpu" else 1)(task_runner_class)
@@ -196,7 +196,7 @@ def _total_processes(config: DictConfig) -> int:
 DEFAULT_TASK_RUNNER = "verl.trainer.task_runner:TaskRunner"
 
 
-class _NamedRunner:
+class NamedTaskRunner:
     """A TaskRunner named ``"module:Class"``, imported inside its Ray actor: the driver process never loads the
     trainer or the workers."""
 

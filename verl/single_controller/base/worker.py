@@ -13,6 +13,7 @@ This module does not import Ray: the same worker class could be driven by anothe
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 from dataclasses import dataclass
@@ -26,8 +27,34 @@ ENV_NUM_THREADS = "VERL_NUM_THREADS"
 ENV_DISABLE_WORKER_INIT = "DISABLE_WORKER_INIT"  # set while building role instances inside a colocated worker
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the OS hands out as source ports of outgoing connections (Linux default 32768-60999)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def get_free_port(host: str = "") -> int:
-    """A TCP port that is free on this machine right now (the OS picks it)."""
+    """A TCP port that is free on this machine right now.
+
+    The port is bound by someone else later (torch.distributed's rendezvous store), so it is drawn below the OS's
+    ephemeral range when there is room: a port the OS picks is one it also hands out as the source port of the
+    next outgoing connection (Ray opens many), and that race failed a run with EADDRINUSE. Falls back to a port
+    the OS picks."""
+    low, _ = _ephemeral_range()
+    rng = random.Random()  # not the global generator: seeded training code must not change which port is picked
+    if low > 20000:
+        for _ in range(64):
+            port = rng.randrange(max(1024, low - 12000), low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
