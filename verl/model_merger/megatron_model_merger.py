@@ -9,7 +9,6 @@ config) is written as ``*ForTokenClassification`` with its ``score`` head.
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -18,16 +17,11 @@ from transformers import AutoConfig
 from verl.model_merger.base_model_merger import BaseModelMerger
 from verl.models.mcore.convert import HFWeights
 from verl.models.mcore.model import build_gpt_model, iter_hf_params
+from verl.single_controller.base.worker import get_free_port
 from verl.utils.megatron.checkpoint import DIST_CKPT
 from verl.utils.megatron.parallel import init_model_parallel
 
 __all__ = ["MegatronModelMerger", "load_megatron_checkpoint"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _single_process_group() -> bool:
@@ -35,7 +29,7 @@ def _single_process_group() -> bool:
     if dist.is_initialized():
         return False
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(get_free_port("127.0.0.1")))
     dist.init_process_group("gloo", rank=0, world_size=1)
     return True
 

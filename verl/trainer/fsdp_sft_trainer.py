@@ -48,10 +48,8 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import socket
 import sys
 import time
-from contextlib import closing
 
 import hydra
 import torch
@@ -63,6 +61,7 @@ from torch.utils.data import DataLoader, DistributedSampler, default_collate
 from transformers import AutoTokenizer
 
 from verl.protocol import DataProto
+from verl.single_controller.base.worker import get_free_port
 from verl.trainer.sft.config import SFTPlan, validate_sft_config
 from verl.utils.checkpoint.hf_export import HF_SUBDIR, latest_step, mark_latest, prune_checkpoints, step_dir
 from verl.utils.config import ConfigError, check_overrides
@@ -82,18 +81,12 @@ __all__ = ["FSDPSFTTrainer", "create_sft_dataset", "run_sft", "main", "sft_batch
 
 
 # ------------------------------------------------------------------------------------------------ process group
-def _free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def initialize_global_process_group(device: str) -> tuple[int, int, int]:
     """(local_rank, rank, world_size). Under torchrun the env is set; a plain process becomes a group of one."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(get_free_port("127.0.0.1")))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if not dist.is_initialized():
         backend = get_dist_backend(device)
