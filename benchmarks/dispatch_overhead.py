@@ -7,7 +7,7 @@ Both run the same identity-ish compute (``x + 1``, a same-size output). Measurem
 the two so that machine load affects both alike; the script prints both medians and the ratio
 (target: <= 1.5x).
 
-    .venv/bin/python benchmarks/dispatch_overhead.py [--mb 10] [--iters 30]
+    .venv/bin/python benchmarks/dispatch_overhead.py [--mb 10] [--iters 30] [--workers 2]
 """
 
 from __future__ import annotations
@@ -47,23 +47,25 @@ def main() -> int:
     parser.add_argument("--mb", type=float, default=10.0, help="payload size in MB (float32 tensor)")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (and hand-written actors)")
     args = parser.parse_args()
 
     rows, cols = 1024, max(1, int(args.mb * 1e6 / 4 / 1024))
     data = DataProto.from_dict({"x": torch.randn(rows, cols)})
     size_mb = data.batch["x"].numel() * 4 / 1e6
 
-    init_local_ray(num_cpus=2)
+    n = args.workers
+    init_local_ray(num_cpus=max(2, n))
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    pool = RayResourcePool([2], use_gpu=False)
+    pool = RayResourcePool([n], use_gpu=False)
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(BenchWorker))
-    actors = [ray.remote(num_cpus=0)(PlainActor).remote() for _ in range(2)]
+    actors = [ray.remote(num_cpus=0)(PlainActor).remote() for _ in range(n)]
 
     def ours():
         return wg.compute(data)
 
     def baseline():
-        refs = [a.compute.remote(c) for a, c in zip(actors, data.chunk(2))]
+        refs = [a.compute.remote(c) for a, c in zip(actors, data.chunk(n))]
         return DataProto.concat(ray.get(refs))
 
     expected = data.batch["x"] + 1.0
@@ -81,8 +83,8 @@ def main() -> int:
 
     med_ours = statistics.median(times["ours"]) * 1e3
     med_base = statistics.median(times["baseline"]) * 1e3
-    print(f"payload: DataProto {rows}x{cols} float32 = {size_mb:.1f} MB, 2 workers, {args.iters} iterations")
-    print(f"baseline (hand-written Ray actors: chunk + 2 calls + ray.get + concat): median {med_base:.2f} ms")
+    print(f"payload: DataProto {rows}x{cols} float32 = {size_mb:.1f} MB, {n} worker(s), {args.iters} iterations")
+    print(f"baseline (hand-written Ray actors: chunk + {n} call(s) + ray.get + concat): median {med_base:.2f} ms")
     print(f"ours (RayWorkerGroup DP_COMPUTE_PROTO call):                            median {med_ours:.2f} ms")
     print(f"ratio ours/baseline: {med_ours / med_base:.2f}x (target <= 1.5x)")
     pool.remove()
