@@ -72,9 +72,14 @@ _DYNAMIC_SAMPLING_KEYS = ("algorithm.filter_groups.", "data.gen_batch_size")
 
 
 def refuse_dynamic_sampling_overrides(overrides: list[str]) -> None:
-    """verl's DAPO scripts set these keys; on main_ppo's command line they name the recipe to use instead."""
+    """verl's DAPO scripts set these keys; main_ppo's yaml does not carry them, so a plain override of one names the
+    recipe to use instead. Added keys (``+data.gen_batch_size=...``, ``+algorithm.filter_groups.enable=False``) are
+    judged by value once the config is composed (:func:`refuse_dynamic_sampling`): values that leave dynamic
+    sampling off are accepted, as verl's main_ppo accepts them."""
     for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
+        if override.startswith("+"):
+            continue
+        key = override.lstrip("~").split("=", 1)[0]
         if key.startswith(_DYNAMIC_SAMPLING_KEYS):
             config_error_exit(ConfigError(
                 f"'{override}': {key} belongs to DAPO's dynamic sampling, which runs in the DAPO recipe: python -m "
@@ -94,6 +99,11 @@ def refuse_dynamic_sampling(config: DictConfig) -> None:
             f"data.gen_batch_size={gen_bsz} differs from data.train_batch_size={config.data.train_batch_size}: "
             "drawing more prompts than a step trains on is DAPO's dynamic sampling (python -m "
             "recipe.dapo.main_dapo); remove data.gen_batch_size here"))
+    # what is left leaves dynamic sampling off, exactly as without the keys (main_ppo's yaml does not carry them)
+    with open_dict(config):
+        for parent, leaf in (("data", "gen_batch_size"), ("algorithm", "filter_groups")):
+            if leaf in config[parent]:
+                del config[parent][leaf]
 
 
 def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "colocate") -> None:
@@ -252,12 +262,16 @@ def precheck_cli(argv: list[str]) -> None:
     if any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc") or a.startswith("--cfg") for a in argv):
         return
     user_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    checked = user_overrides
     if config_dir == CONFIG_DIR:
         refuse_dynamic_sampling_overrides(user_overrides)
+        # added DAPO keys are judged by value after composing (refuse_dynamic_sampling), not as typos
+        checked = [o for o in user_overrides
+                   if not (o.startswith("+") and o.lstrip("+").startswith(_DYNAMIC_SAMPLING_KEYS))]
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             base = compose(config_name=config_name)
-            for warning in check_overrides(base, user_overrides):
+            for warning in check_overrides(base, checked):
                 print(warning, file=sys.stderr)
             try:
                 compose(config_name=config_name, overrides=user_overrides)

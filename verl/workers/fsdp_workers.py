@@ -193,6 +193,7 @@ class ActorRolloutRefWorker(Worker):
             # LoRA actor + an engine that serves adapters (vLLM): base weights once, then the adapter only
             self.rollout_sharding_manager = FSDPRolloutShardingManager(
                 engine.module, self.rollout, device_mesh=self.device_mesh,
+                layered_summon=bool(cfg_get(rollout_cfg, "layered_summon", False)),
                 full_state_iter=lambda _module: engine.iter_full_params(),
                 base_state_iter=lambda module: engine.onloaded(iter_base_tensors(module)),
                 adapter_state_iter=lambda module: engine.onloaded(iter_lora_adapter_tensors(module)))

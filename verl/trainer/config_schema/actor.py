@@ -16,6 +16,12 @@ ROLLOUT_N = "actor_rollout_ref.rollout.n"
 
 
 @dataclass(frozen=True)
+class FusedKernelOptions(Section):
+    impl_backend: str = key("torch", "backend of the fused log-prob kernels", choices=("torch", "triton"),
+                            unsupported="fused kernels are not available (model.use_fused_kernels); leave torch")
+
+
+@dataclass(frozen=True)
 class ModelConfig(Section):
     """``actor_rollout_ref.model``: the policy checkpoint and how it is adapted (LoRA, checkpointing)."""
 
@@ -49,6 +55,7 @@ class ModelConfig(Section):
                                                        "(lora_rank > 0 trains new adapters)")
     use_liger: bool = key(False, "liger kernels", unsupported="liger kernels are CUDA-only and not wired in; use False")
     use_fused_kernels: bool = key(False, "fused log-prob kernels", unsupported="fused kernels are not available; use False")
+    fused_kernel_options: FusedKernelOptions = section(FusedKernelOptions)
 
 
 @dataclass(frozen=True)

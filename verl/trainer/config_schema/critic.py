@@ -138,6 +138,19 @@ class RMRolloutConfig(Section):
     response_length: int = key(2048, "max new tokens", ge=1, unsupported=NO_GENRM)
 
 
+NO_SANDBOX = ("sandboxed code execution (Sandbox Fusion) is not available; score code with your own function "
+              "(custom_reward_function.path)")
+
+
+@dataclass(frozen=True)
+class SandboxFusionConfig(Section):
+    """``reward_model.sandbox_fusion``: verl's remote code runner for code rewards."""
+
+    url: Optional[str] = key(None, "Sandbox Fusion endpoint", unsupported=NO_SANDBOX + "; leave it null")
+    max_concurrent: int = key(64, "concurrent sandbox requests", ge=1, unsupported=NO_SANDBOX)
+    memory_limit_mb: int = key(1024, "memory limit per sandboxed run", ge=1, unsupported=NO_SANDBOX)
+
+
 @dataclass(frozen=True)
 class RewardModelConfig(Section):
     """``reward_model``: off by default (rule-based rewards come from the reward manager)."""
@@ -171,5 +184,6 @@ class RewardModelConfig(Section):
     reward_kwargs: dict = key({}, "free-form keyword arguments of the reward manager", read_in=(MAIN, REWARD))
     overlong_buffer: Optional[dict] = key(None, "DAPO overlong penalty (recipe spelling; free-form)", read_in=(REWARD,),
                                           optional=True)
+    sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig)
     model: RMModelConfig = section(RMModelConfig)
     rollout: RMRolloutConfig = section(RMRolloutConfig)

@@ -8,6 +8,7 @@ WORKERS = "verl/workers/"  # the training engine and role workers (actor, critic
 ENGINE = "verl/workers/engine/"  # the training engine (FSDP) behind every trainer
 MEGATRON = "verl/models/mcore/settings.py"  # the megatron.* keys the Megatron engine reads (and checks)
 ROLLOUT = "verl/workers/rollout/"
+SHARDING = "verl/workers/sharding_manager/"  # the hybrid-engine weight push
 VLLM = "verl/workers/rollout/vllm_rollout/vllm_rollout.py"
 SGLANG = "verl/workers/rollout/sglang_rollout/sglang_rollout.py"
 FSDP = "verl/utils/fsdp_utils.py"

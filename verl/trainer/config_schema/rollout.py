@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from verl.trainer.config_schema.engine import DTYPES
-from verl.trainer.config_schema.places import ROLLOUT, SGLANG, VALIDATION, VLLM, WORKERS
+from verl.trainer.config_schema.places import ROLLOUT, SGLANG, SHARDING, VALIDATION, VLLM, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 ROLLOUT_NAMES = ("hf", "vllm", "sglang")
@@ -89,6 +89,18 @@ class AgentConfig(Section):
 
 
 @dataclass(frozen=True)
+class TraceConfig(Section):
+    """``rollout.trace``: verl's agent-loop tracing (weave / mlflow)."""
+
+    backend: Optional[str] = key(None, "tracing backend for agent-loop episodes", choices=(None, "weave", "mlflow"),
+                                 unsupported="rollout tracing is not available; per-episode metrics are logged "
+                                             "(agent_loop/*, num_turns/*) and trainer.rollout_data_dir dumps the "
+                                             "samples; leave it null")
+    token2text: bool = key(False, "decode token ids in traces",
+                           unsupported="rollout tracing is not available; leave false")
+
+
+@dataclass(frozen=True)
 class RolloutConfig(Section):
     """``actor_rollout_ref.rollout``."""
 
@@ -147,6 +159,12 @@ class RolloutConfig(Section):
                                                 "rollout_log_probs); remove the override")
     quantization_config_file: Optional[str] = key(None, "quantized rollout weights",
                                                   unsupported="quantized rollout is not available; leave it null")
+    quantization: Optional[str] = key(None, "quantized rollout (e.g. fp8)",
+                                      unsupported="quantized rollout is not available; leave it null")
+    layered_summon: bool = key(False, "gather the actor's weights layer by layer for the push (memory saving); the "
+                                      "push here always gathers one parameter at a time, so both values push the "
+                                      "same weights the same way", read_in=(SHARDING,))
+    trace: TraceConfig = section(TraceConfig)
     multi_turn: MultiTurn = section(MultiTurn)
     agent: AgentConfig = section(AgentConfig)
     engine_kwargs: EngineKwargs = section(EngineKwargs)

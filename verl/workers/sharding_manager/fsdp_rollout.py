@@ -160,13 +160,17 @@ class FSDPRolloutShardingManager(BaseShardingManager):
         lora_merge: LoRA actors: push the merged full model every time instead of the adapter only.
         base_state_iter / adapter_state_iter: optional overrides of the adapter-only streams (``module -> iterator
             of (name, tensor)``; default :func:`iter_base_tensors` / :func:`iter_lora_adapter_tensors`).
+        layered_summon: ``rollout.layered_summon`` (verl: gather the weights layer by layer rather than the whole
+            model at once, to save memory). Every push here already gathers one parameter at a time, so both
+            values push the same tensors the same way; the value is kept as ``self.layered_summon``.
     """
 
     def __init__(self, module: nn.Module, rollout: BaseRollout, *, full_state_iter: Callable | None = None,
                  device_mesh=None, offload_param: bool = False, skip_weight_sync: bool | None = None,
                  lora_merge: bool = False, base_state_iter: Callable | None = None,
-                 adapter_state_iter: Callable | None = None, **_ignored):
+                 adapter_state_iter: Callable | None = None, layered_summon: bool = False, **_ignored):
         self.module = module
+        self.layered_summon = bool(layered_summon)
         self.rollout = rollout
         self.device_mesh = device_mesh
         self.offload_param = offload_param
