@@ -35,13 +35,14 @@ def _batch() -> DataProto:
     return DataProto.from_dict(make_batch(bsz=4, prompt_len=6, resp_len=5, with_ref=False))
 
 
-def _megatron_rank(rank, world, model_dir, out_dir, tp, pp):
+def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None):
     from verl.workers.engine import get_engine_cls
 
     cfg = actor_config(optim={"lr": LR})
     engine_cfg = EngineConfig(model_path=model_dir, name="actor", strategy="megatron",
                               megatron={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                                        "sequence_parallel": True},
+                                        "sequence_parallel": True, "use_mbridge": True,
+                                        "override_transformer_config": dict(overrides or {})},
                               optim=dict(cfg.optim), grad_clip=1.0, total_training_steps=10)
     engine = get_engine_cls("megatron").build(engine_cfg)
     actor = DataParallelPPOActor(config=cfg, engine=engine)
@@ -50,8 +51,11 @@ def _megatron_rank(rank, world, model_dir, out_dir, tp, pp):
     log_probs, entropy = actor.compute_log_prob(data, calculate_entropy=True)
     metrics = actor.update_policy(_batch())
     weights = dict(engine.iter_full_params())
+    tcfg = engine.module.config  # megatron-core's TransformerConfig the model was built with
+    applied = {k: getattr(tcfg, k) for k in (overrides or {})}
     if engine.is_output_rank:
-        torch.save({"log_probs": log_probs, "entropy": entropy, "metrics": metrics, "weights": weights},
+        torch.save({"log_probs": log_probs, "entropy": entropy, "metrics": metrics, "weights": weights,
+                    "applied": applied},
                    os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -73,16 +77,23 @@ def _fsdp_reference(model_dir):
     return {"log_probs": log_probs, "entropy": entropy, "metrics": metrics, "weights": dict(engine.iter_full_params())}
 
 
-@pytest.mark.parametrize("tp,pp,tie", [(2, 1, True), (2, 1, False), (1, 2, True), (1, 2, False)])
-def test_megatron_matches_fsdp(tmp_path, tp, pp, tie):
+# TransformerConfig fields through megatron.override_transformer_config (as verl's Megatron scripts set them): the
+# model is built with them; in fp32 these two leave the numbers unchanged
+OVERRIDES = {"attention_softmax_in_fp32": False, "moe_router_dtype": "fp32"}
+
+
+@pytest.mark.parametrize("tp,pp,tie,overrides", [(2, 1, True, None), (2, 1, False, OVERRIDES), (1, 2, True, None),
+                                                 (1, 2, False, None)])
+def test_megatron_matches_fsdp(tmp_path, tp, pp, tie, overrides):
     model_dir = make_model_dir(str(tmp_path / "model"), seed=0, tie=tie)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    run_distributed(_megatron_rank, 2, model_dir, str(out_dir), tp, pp, err_dir=str(tmp_path))
+    run_distributed(_megatron_rank, 2, model_dir, str(out_dir), tp, pp, overrides, err_dir=str(tmp_path))
     ref = _fsdp_reference(model_dir)
     files = sorted(out_dir.iterdir())
     assert len(files) == 1  # one output rank: tensor rank 0 of the last stage
     got = torch.load(files[0])
+    assert got["applied"] == dict(overrides or {})
     mask = make_batch(bsz=4, prompt_len=6, resp_len=5, with_ref=False)["response_mask"].bool()
     assert (got["log_probs"] - ref["log_probs"])[mask].abs().max() < TOL
     assert (got["entropy"] - ref["entropy"])[mask].abs().max() < TOL

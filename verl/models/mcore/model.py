@@ -97,13 +97,15 @@ def model_shapes(hf_config, tp: int) -> Shapes:
 
 
 def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, dtype: torch.dtype,
-                       use_cpu_initialization: bool = True):
+                       use_cpu_initialization: bool = True, overrides: dict | None = None):
+    """megatron-core's ``TransformerConfig`` for ``hf_config``; ``overrides`` (the role's
+    ``megatron.override_transformer_config``, checked by ``settings.transformer_overrides``) replace fields."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.transformer import TransformerConfig
 
     arch = get_arch(hf_config)
     shapes = model_shapes(hf_config, tp)
-    return TransformerConfig(
+    fields = dict(
         num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
         num_attention_heads=hf_config.num_attention_heads, num_query_groups=shapes.num_query_groups,
         kv_channels=shapes.head_dim, ffn_hidden_size=hf_config.intermediate_size,
@@ -117,10 +119,12 @@ def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, 
         use_cpu_initialization=use_cpu_initialization, perform_initialization=False,
         init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
     )
+    fields.update(overrides or {})
+    return TransformerConfig(**fields)
 
 
 def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dtype: torch.dtype,
-                    use_cpu_initialization: bool = True) -> nn.Module:
+                    use_cpu_initialization: bool = True, overrides: dict | None = None) -> nn.Module:
     """This stage's ``GPTModel`` (weights uninitialised: load them with :func:`load_hf_weights`)."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.models.gpt import GPTModel
@@ -129,7 +133,7 @@ def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dty
     arch = get_arch(hf_config)
     arch.check(hf_config)
     config = transformer_config(hf_config, tp=layout.tp, pp=layout.pp, sequence_parallel=sequence_parallel,
-                                dtype=dtype, use_cpu_initialization=use_cpu_initialization)
+                                dtype=dtype, use_cpu_initialization=use_cpu_initialization, overrides=overrides)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
     # Tied embeddings over several stages: the last stage gets its own output layer (loaded from the
     # embedding, gradients summed with the first stage's by the engine). megatron's own tying moves the copy

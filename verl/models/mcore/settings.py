@@ -10,7 +10,8 @@ import torch
 
 from verl.models.mcore import get_arch
 
-__all__ = ["MEGATRON_DTYPES", "REFUSED", "megatron_settings", "check_megatron_settings"]
+__all__ = ["MEGATRON_DTYPES", "REFUSED", "CONVERTER_SWITCHES", "megatron_settings", "check_megatron_settings",
+           "transformer_overrides"]
 
 MEGATRON_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "bf16": torch.bfloat16,
                    "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
@@ -21,6 +22,26 @@ REFUSED = {  # key: (value that works, why)
     "expert_model_parallel_size": (1, "the supported architectures (Qwen2, Llama) have no experts"),
     "expert_tensor_parallel_size": (None, "the supported architectures (Qwen2, Llama) have no experts"),
 }
+# values that mean "no such parallelism" besides the default
+_ALSO_FINE = {"expert_tensor_parallel_size": (1,)}
+
+# verl's switches between weight converters (mbridge or its own). This engine converts HF weights with its own
+# per-architecture table, so every value of these loads the same weights; they are accepted as they are.
+CONVERTER_SWITCHES = ("use_mbridge", "vanilla_mbridge")
+
+# TransformerConfig fields the engine derives from the HF config and the megatron.* sizes: overriding one would
+# make the model disagree with its checkpoint or its process grid.
+_ENGINE_OWNED = frozenset({
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
+    "normalization", "layernorm_epsilon", "gated_linear_unit", "activation_func", "add_bias_linear", "add_qkv_bias",
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "sequence_parallel", "params_dtype",
+    "pipeline_dtype", "bf16", "fp16", "use_cpu_initialization", "perform_initialization", "init_method_std",
+})
+# fused kernels that need CUDA (Transformer Engine / apex)
+_CUDA_FUSIONS = frozenset({
+    "gradient_accumulation_fusion", "apply_rope_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+    "masked_softmax_fusion", "persist_layer_norm", "moe_permute_fusion", "cross_entropy_loss_fusion",
+})
 
 
 def megatron_settings(cfg: dict) -> dict:
@@ -33,16 +54,37 @@ def megatron_settings(cfg: dict) -> dict:
         "use_distributed_optimizer": bool(cfg.get("use_distributed_optimizer", True)),
         "seed": int(cfg.get("seed", 42) if cfg.get("seed") is not None else 42),
         "dtype": cfg.get("dtype"), "raw": cfg,
+        "converter": {k: cfg[k] for k in CONVERTER_SWITCHES if k in cfg},  # recorded; the same weights either way
     }
 
 
-def check_megatron_settings(cfg: dict, hf_config, prefix: str) -> None:
+def transformer_overrides(cfg: dict, prefix: str, on_cpu: bool) -> dict:
+    """``<role>.megatron.override_transformer_config``: megatron-core ``TransformerConfig`` fields the engine applies
+    over its own (e.g. ``recompute_granularity=full``). Refuses, naming the key, the fields the engine derives from
+    the model and the sizes, and on CPU the fusions that need CUDA kernels."""
+    over = dict((cfg or {}).get("override_transformer_config") or {})
+    for k, v in over.items():
+        if k in _ENGINE_OWNED:
+            raise ValueError(f"{prefix}.override_transformer_config.{k} is set by the engine from the model's "
+                             "config and the megatron.* sizes; remove it")
+        if on_cpu and k in _CUDA_FUSIONS and v:
+            raise ValueError(f"{prefix}.override_transformer_config.{k}={v!r} needs CUDA kernels (Transformer "
+                             "Engine / apex); on CPU set it to false or remove it")
+        if on_cpu and k == "recompute_granularity" and v is not None:
+            raise ValueError(f"{prefix}.override_transformer_config.recompute_granularity={v!r}: megatron-core's "
+                             "activation recomputation saves and restores CUDA RNG states, so it needs a CUDA "
+                             "device; on CPU remove it")
+    return over
+
+
+def check_megatron_settings(cfg: dict, hf_config, prefix: str, on_cpu: bool = False) -> None:
     """Refuse what this engine cannot run, naming ``<prefix>.<key>`` (call before any worker starts)."""
     s = megatron_settings(cfg)
     for k, (ok, why) in REFUSED.items():
         value = s["raw"].get(k, ok)
-        if value not in (ok, None) and not (ok == 1 and value == 1):
+        if value not in (ok, None) and not (ok == 1 and value == 1) and value not in _ALSO_FINE.get(k, ()):
             raise ValueError(f"{prefix}.{k}={value!r} is not supported: {why}; use {ok!r}")
+    transformer_overrides(cfg, prefix, on_cpu)
     get_arch(hf_config).check(hf_config)
     heads = hf_config.num_attention_heads
     kv = getattr(hf_config, "num_key_value_heads", None) or heads

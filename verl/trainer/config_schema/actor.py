@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, STRATEGIES,
-                                               CheckpointConfig, FSDPConfig, MegatronConfig, OptimConfig,
-                                               RefFSDPConfig)
+                                               CheckpointConfig, FollowingMegatronConfig, FSDPConfig, MegatronConfig,
+                                               OptimConfig, RefFSDPConfig)
 from verl.trainer.config_schema.places import BATCH_SIZES, LOSS, MAIN, MODEL, RUNNER, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
@@ -158,4 +158,4 @@ class RefConfig(Section):
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
-    megatron: MegatronConfig = section(MegatronConfig, optional=True)  # follows actor.megatron in the yaml
+    megatron: FollowingMegatronConfig = section(FollowingMegatronConfig, optional=True)

@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 
 from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N
 from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
-                                               FSDPConfig, MegatronConfig)
+                                               FollowingMegatronConfig, FSDPConfig)
 from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
@@ -79,7 +79,7 @@ class CriticConfig(Section):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     optim: CriticOptimConfig = section(CriticOptimConfig)
     model: CriticModelConfig = section(CriticModelConfig)
-    megatron: MegatronConfig = section(MegatronConfig, optional=True)  # follows actor.megatron in the yaml
+    megatron: FollowingMegatronConfig = section(FollowingMegatronConfig, optional=True)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from verl.trainer.config_schema.places import CKPT, FSDP, MEGATRON, WORKERS
-from verl.trainer.config_schema.spec import Section, key, section
+from verl.trainer.config_schema.spec import Section, following, key, section
 
 DTYPES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -155,3 +155,17 @@ class MegatronConfig(Section):
     grad_offload: bool = key(False, "offload gradients", unsupported=NO_MEGATRON_OFFLOAD)
     optimizer_offload: bool = key(False, "offload optimizer state", unsupported=NO_MEGATRON_OFFLOAD)
     seed: int = key(42, "Megatron seed", ge=0, read_in=(MEGATRON,))
+    expert_tensor_parallel_size: Optional[int] = key(None, "expert tensor parallel size", ge=1,
+                                                     unsupported=NO_MEGATRON_EP, ok=lambda v: v in (None, 1))
+    use_mbridge: bool = key(False, "load HF weights through mbridge (verl); here the engine's own converter loads "
+                                   "the same weights for either value", read_in=(MEGATRON,))
+    vanilla_mbridge: bool = key(True, "mbridge variant (verl); the same weights load for either value",
+                                read_in=(MEGATRON,))
+    override_transformer_config: dict = key({}, "free-form megatron-core TransformerConfig fields applied over the "
+                                                "engine's (e.g. recompute_granularity=full); fields derived from the "
+                                                "model and the sizes, and CUDA-only fusions on CPU, are refused",
+                                            read_in=(MEGATRON, "verl/models/mcore/model.py"))
+
+
+# the reference's and the critic's megatron keys follow the actor's unless set (ppo_megatron_trainer.yaml)
+FollowingMegatronConfig = following(MegatronConfig, "actor_rollout_ref.actor.megatron", "FollowingMegatronConfig")

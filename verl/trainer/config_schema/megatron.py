@@ -8,8 +8,9 @@ import os
 
 from omegaconf import OmegaConf
 
-from verl.models.mcore.settings import check_megatron_settings
+from verl.models.mcore.settings import check_megatron_settings, transformer_overrides
 from verl.utils.config import ConfigError
+from verl.utils.device import get_device_name
 
 __all__ = ["check_megatron_config", "MEGATRON_DEFAULTS"]
 
@@ -68,6 +69,11 @@ def check_megatron_config(config, check_files: bool = True) -> None:
         if _get(config, f"{AR}.model.share_prompt_prefix") is True and prefix != "critic":
             raise ConfigError(f"{AR}.model.share_prompt_prefix=true is not available with strategy=megatron (the "
                               "packed prompt rows are an FSDP engine path); set it to false")
+        on_cpu = get_device_name() == "cpu"
+        try:
+            transformer_overrides(meg, f"{prefix}.megatron", on_cpu)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         tp, pp = _sizes(meg)
         if n_procs % (tp * pp):
             raise ConfigError(f"{prefix}.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = "
@@ -76,7 +82,7 @@ def check_megatron_config(config, check_files: bool = True) -> None:
         if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
             trust = bool(_get(config, f"{AR}.model.trust_remote_code", False))
             try:
-                check_megatron_settings(meg, _hf_config(str(path), trust), f"{prefix}.megatron")
+                check_megatron_settings(meg, _hf_config(str(path), trust), f"{prefix}.megatron", on_cpu=on_cpu)
             except ValueError as e:
                 raise ConfigError(f"{e} (model {path_key}={path})") from None
     if actor_megatron and _ref_used(config) and _get(config, f"{AR}.ref.strategy") == "megatron":

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.utils.config import ConfigError, suggest_keys
 
-__all__ = ["KeySpec", "Section", "key", "section", "specs", "check_value", "check_config", "build", "expectation",
+__all__ = ["KeySpec", "Section", "key", "section", "following", "specs", "check_value", "check_config", "build", "expectation",
            "choices_message", "NOT_VERIFIED"]
 
 NOT_VERIFIED = "not verified on hardware"
@@ -93,6 +93,18 @@ def _copy(value):
 def section(cls: type, optional: bool = False) -> Any:
     """A nested section field."""
     return dataclasses.field(default_factory=cls, metadata={"section": cls, "optional": optional})
+
+
+def following(cls: type, source: str, name: str) -> type:
+    """A copy of the flat section ``cls`` whose every key follows the same key under ``source`` (the yaml writes
+    ``${oc.select:<source>.<key>,<default>}``), e.g. the reference's megatron keys following the actor's."""
+    fields = []
+    for f in dataclasses.fields(cls):
+        default, doc, meta = f.metadata["key"]
+        fields.append((f.name, f.type, key(default, doc, **dict(meta, follows=f"{source}.{f.name}"))))
+    new = dataclasses.make_dataclass(name, fields, bases=(Section,), frozen=True)
+    new.__module__ = cls.__module__  # the field annotations resolve in the original's module
+    return new
 
 
 _KIND_TEXT = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",

@@ -36,7 +36,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from transformers import AutoConfig
 
 from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, load_hf_weights
-from verl.models.mcore.settings import MEGATRON_DTYPES, check_megatron_settings, megatron_settings
+from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, megatron_settings,
+                                       transformer_overrides)
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
 from verl.utils.megatron.checkpoint import MegatronCheckpointer, write_hf_dir
@@ -90,7 +91,8 @@ class MegatronEngine(TrainEngine):
     def build(cls, config: EngineConfig, device_mesh=None, tokenizer=None) -> "MegatronEngine":
         s = megatron_settings(config.megatron)
         hf_config = _hf_config(config)
-        check_megatron_settings(config.megatron, hf_config, f"{config.name}.megatron")
+        on_cpu = get_device_name() == "cpu"
+        check_megatron_settings(config.megatron, hf_config, f"{config.name}.megatron", on_cpu=on_cpu)
         if config.lora_rank > 0:
             raise ValueError(f"{config.name}: LoRA (model.lora_rank={config.lora_rank}) is not available with "
                              "strategy=megatron; use strategy=fsdp for LoRA")
@@ -101,7 +103,8 @@ class MegatronEngine(TrainEngine):
         dtype = MEGATRON_DTYPES[str(s["dtype"] or config.model_dtype)]
         value_head = config.model_kind == "value"
         model = build_gpt_model(hf_config, value_head=value_head, sequence_parallel=s["sequence_parallel"],
-                                dtype=dtype, use_cpu_initialization=get_device_name() == "cpu")
+                                dtype=dtype, use_cpu_initialization=on_cpu,
+                                overrides=transformer_overrides(config.megatron, f"{config.name}.megatron", on_cpu))
         load_hf_weights(model, config.model_path, hf_config, value_head)
         trainable = config.optim is not None
         optimizer = scheduler = None

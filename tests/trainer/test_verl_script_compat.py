@@ -1,0 +1,133 @@
+"""Keys that verl's own example scripts set: each is accepted (and does what verl's does) or refused before Ray
+starts with a message that names it and says why. Found by validating verl's example scripts against the driver.
+
+Runs the driver's pre-Ray path in this process: the command-line check, Hydra composition, the dynamic-sampling
+check of main_ppo and the config validator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from verl.trainer import main_ppo
+from verl.trainer.config_schema import validate_ppo_config
+from verl.utils.config import ConfigError
+from verl.utils.device import get_device_name
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG_DIR = str(REPO / "verl" / "trainer" / "config")
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compat")
+    (root / "train.parquet").write_bytes(b"PAR1")
+    model = root / "model"
+    model.mkdir()
+    # a Qwen2 config with head and layer counts that tensor / pipeline size 2 divide (no weights are read)
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 128,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "tie_word_embeddings": True}))
+    return root
+
+
+def _base(assets) -> list[str]:
+    return [f"data.train_files={assets / 'train.parquet'}", f"data.val_files={assets / 'train.parquet'}",
+            f"actor_rollout_ref.model.path={assets / 'model'}", f"critic.model.path={assets / 'model'}",
+            "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+            "trainer.n_gpus_per_node=2", "trainer.logger=console"]
+
+
+def driver_check(assets, *overrides, config_name="ppo_trainer"):
+    """What ``python -m verl.trainer.main_ppo [--config-name X] overrides...`` does before Ray; returns the
+    config. A refusal raises SystemExit (the command line, exit 2) or ConfigError (the validator)."""
+    args = _base(assets) + list(overrides)
+    argv = args if config_name == "ppo_trainer" else ["--config-name", config_name, *args]
+    main_ppo.precheck_cli(argv)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name=config_name, overrides=args)
+    main_ppo.refuse_dynamic_sampling(cfg)
+    validate_ppo_config(cfg)
+    return cfg
+
+
+def refused(assets, capsys, *overrides, config_name="ppo_trainer") -> str:
+    try:
+        driver_check(assets, *overrides, config_name=config_name)
+    except SystemExit as e:
+        assert e.code == 2
+        return capsys.readouterr().err
+    except ConfigError as e:
+        return str(e)
+    raise AssertionError(f"{overrides} were accepted")
+
+
+MEGATRON = ("actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron")
+
+
+def test_accepted_as_verl_accepts_them(assets):
+    cfg = driver_check(assets, "actor_rollout_ref.rollout.layered_summon=True")
+    assert cfg.actor_rollout_ref.rollout.layered_summon is True
+    # DAPO's keys at values that leave dynamic sampling off: the run is the plain one, the keys are dropped
+    cfg = driver_check(assets, "+data.gen_batch_size=8", "+algorithm.filter_groups.enable=False",
+                       "+algorithm.filter_groups.metric=acc")
+    assert "gen_batch_size" not in cfg.data and "filter_groups" not in cfg.algorithm
+
+
+@pytest.mark.parametrize("override, words", [
+    ("actor_rollout_ref.rollout.quantization=fp8", "quantized rollout is not available"),
+    ("actor_rollout_ref.rollout.trace.backend=mlflow", "rollout tracing is not available"),
+    ("actor_rollout_ref.rollout.trace.token2text=True", "rollout tracing is not available"),
+    ("actor_rollout_ref.model.fused_kernel_options.impl_backend=triton", "fused kernels are not available"),
+    ("reward_model.sandbox_fusion.url=http://localhost:8080/run_code", "Sandbox Fusion"),
+    ("+data.gen_batch_size=16", "differs from data.train_batch_size=8"),
+    ("+algorithm.filter_groups.enable=True", "runs in the DAPO recipe"),
+])
+def test_refused_by_name_with_the_reason(assets, capsys, override, words):
+    message = refused(assets, capsys, override)
+    assert override.lstrip("+").split("=")[0] in message and words in message, message
+
+
+def test_megatron_reference_and_critic_keys_follow_the_actor_and_can_be_set(assets):
+    cfg = driver_check(assets, *MEGATRON, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                       "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
+                       "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1",
+                       "critic.megatron.tensor_model_parallel_size=2",
+                       "actor_rollout_ref.actor.megatron.use_mbridge=True",
+                       "actor_rollout_ref.actor.megatron.vanilla_mbridge=False",
+                       "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+                       "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype=fp32",
+                       config_name="ppo_megatron_trainer")
+    ref, actor = cfg.actor_rollout_ref.ref.megatron, cfg.actor_rollout_ref.actor.megatron
+    assert ref.tensor_model_parallel_size == 2 and ref.use_mbridge is True and ref.seed == actor.seed
+    assert dict(ref.override_transformer_config) == {"moe_router_dtype": "fp32"}
+    assert cfg.critic.megatron.tensor_model_parallel_size == 2
+    # left unset, the reference follows the actor
+    cfg = driver_check(assets, *MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                       config_name="ppo_megatron_trainer")
+    assert cfg.actor_rollout_ref.ref.megatron.pipeline_model_parallel_size == 2
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2"),
+     "differs from actor_rollout_ref.actor.megatron"),
+    (("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=2",), "have no experts"),
+    (("+actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=True",),
+     "override_transformer_config.gradient_accumulation_fusion=True needs CUDA kernels"),
+    (("+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",),
+     "needs a CUDA device"),
+    (("+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers=3",),
+     "override_transformer_config.num_layers is set by the engine"),
+])
+def test_megatron_values_this_engine_cannot_run_are_refused_by_name(assets, capsys, overrides, words):
+    if "CUDA" in words and get_device_name() != "cpu":
+        pytest.skip("refused on CPU only; this host has an accelerator")
+    message = refused(assets, capsys, *MEGATRON, *overrides, config_name="ppo_megatron_trainer")
+    assert words in message, message
