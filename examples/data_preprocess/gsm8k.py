@@ -84,15 +84,18 @@ def main(argv=None) -> list[str]:
         parser.error("--local_dir and --local_save_dir name the same output directory; give only one")
     save_dir = os.path.expanduser(args.local_save_dir or args.local_dir or DEFAULT_SAVE_DIR)
 
-    if args.input_file:
-        sources = {args.split: (read_records(args.input_file), args.input_file)}
-    elif args.local_dataset_path:
-        found = find_split_files(args.local_dataset_path)
-        sources = {split: (read_records(path), path) for split, path in found.items()}
-    else:
-        sources = _hub_records()
-    # convert everything before writing anything, so a bad row leaves no partial output
-    converted = {split: to_rows(records, split, path) for split, (records, path) in sources.items()}
+    try:
+        if args.input_file:
+            sources = {args.split: (read_records(args.input_file), args.input_file)}
+        elif args.local_dataset_path:
+            found = find_split_files(args.local_dataset_path)
+            sources = {split: (read_records(path), path) for split, path in found.items()}
+        else:
+            sources = _hub_records()
+        # convert everything before writing anything, so a bad row leaves no partial output
+        converted = {split: to_rows(records, split, path) for split, (records, path) in sources.items()}
+    except (FileNotFoundError, ValueError) as err:
+        parser.error(str(err))  # one line naming the file, exit code 2
     written = []
     for split, rows in converted.items():
         written.append(write_parquet(rows, os.path.join(save_dir, f"{split}.parquet")))

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -90,7 +91,7 @@ def test_gsm_symbolic_script(tmp_path, tok):
     assert len(pq.read_table(out / "test.parquet")) == 3
 
 
-def test_gsm8k_script_from_local_files(tmp_path, tok):
+def test_gsm8k_script_from_local_files(tmp_path, tok, capsys):
     src = tmp_path / "gsm8k_src" / "main"
     src.mkdir(parents=True)
     recs = [
@@ -114,8 +115,9 @@ def test_gsm8k_script_from_local_files(tmp_path, tok):
     )
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
-    with pytest.raises(ValueError, match="row 0.*####"):
+    with pytest.raises(SystemExit) as exit_info:  # one line on stderr naming the file and row, exit code 2
         gsm8k.main(["--input_file", str(bad), "--local_dir", str(out)])
+    assert exit_info.value.code == 2 and re.search(r"bad\.jsonl, row 0.*####", capsys.readouterr().err)
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text(json.dumps({"problem": "q", "solution": "s"}) + "\n")
     with pytest.raises(KeyError, match="question"):

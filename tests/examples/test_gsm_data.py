@@ -123,3 +123,16 @@ def test_basic_arithmetic_deterministic_disjoint_and_scored(tmp_path):
         assert eval(expression, {"__builtins__": {}}) == int(truth), worked  # noqa: S307 - digits, + - ( ) only
         assert default_compute_score(r["data_source"], worked, truth) == 1.0
     assert run("basic_arithmetic.py", "--local_save_dir", str(tmp_path / "c"), "--train_size", "0").returncode == 2
+
+
+def test_missing_local_copy_is_one_line_naming_it(tmp_path):
+    """gsm8k.py and math_dataset.py (the shared converter) name the missing input instead of a traceback."""
+    for script, args, missing in (
+            ("gsm8k.py", ("--local_dataset_path", str(tmp_path / "nogsm"), "--local_save_dir", str(tmp_path / "a")),
+             "nogsm"),
+            ("math_dataset.py", ("--input_file", str(tmp_path / "nomath.jsonl"), "--local_dir", str(tmp_path / "b")),
+             "nomath.jsonl")):
+        proc = run(script, *args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{script}: error:" in proc.stderr and missing in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -127,10 +127,13 @@ def convert_local_files_cli(description: str, to_rows, default_local_dir: str, a
     parser.add_argument("--split", default="train", help="split name for --input_file (train or test)")
     parser.add_argument("--local_dir", default=default_local_dir)
     args = parser.parse_args(argv)
-    sources = {args.split: args.input_file} if args.input_file else find_split_files(args.local_dataset_path)
+    try:  # read and convert everything before writing anything: a bad input leaves no partial output
+        sources = {args.split: args.input_file} if args.input_file else find_split_files(args.local_dataset_path)
+        converted = {split: (to_rows(read_records(path), split, path), path) for split, path in sources.items()}
+    except (FileNotFoundError, ValueError) as err:
+        parser.error(str(err))  # one line naming the file, exit code 2
     written = []
-    for split, path in sources.items():
-        rows = to_rows(read_records(path), split, path)
+    for split, (rows, path) in converted.items():
         written.append(write_parquet(rows, os.path.join(os.path.expanduser(args.local_dir), f"{split}.parquet")))
         print(f"wrote {written[-1]} ({len(rows)} rows from {path})")
     return written
