@@ -130,6 +130,18 @@ def test_override_key_suggestions():
     assert suggest_keys("critic.optim.lrr", ["critic.optim.lr", "critic.optim.betas"]) == ["critic.optim.lr"]
 
 
+def test_every_bad_override_is_named_at_once():
+    """A ported command line with several keys we do not know: one error names them all, good ones pass."""
+    base = composed([])
+    with pytest.raises(ConfigError) as err:
+        check_overrides(base, ["trainer.totl_epochs=3", "trainer.total_epochs=2", "+trainer.total_epochs=4",
+                               "actor_rollout_ref.actor.kl_loss.coef=0.1"])
+    message = str(err.value)
+    assert message.startswith("3 overrides are not accepted: (1) unknown config key 'trainer.totl_epochs'")
+    assert "(2) 'trainer.total_epochs' already exists" in message
+    assert "(3) unknown config key 'actor_rollout_ref.actor.kl_loss.coef'" in message and "\n" not in message
+
+
 # ------------------------------------------------------------------------------------------- CLI (subprocess)
 
 def run_cli(args, cwd):

@@ -150,7 +150,8 @@ def _free_form_paths(cfg: DictConfig) -> list[str]:
 
 
 def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
-    """Check Hydra overrides against the keys of ``base_cfg``; raise ConfigError for the first bad one.
+    """Check Hydra overrides against the keys of ``base_cfg``; raise one ConfigError naming every bad one (a
+    ported command line with several keys we do not know shows them all at once).
 
     - ``key=value``: the key must exist (Hydra's struct mode would refuse it too, with a less helpful message).
     - ``+key=value`` / ``++key=value``: allowed under a free-form dict (an empty dict in the YAML, e.g.
@@ -167,37 +168,52 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
 
     all_keys = flatten_keys(base_cfg)
     warnings: list[str] = []
+    problems: list[str] = []
     for ov in parsed:
-        key = ov.key_or_group
-        if key.startswith("hydra") or "/" in key or ov.package is not None:
+        try:
+            warning = _check_override(ov, base_cfg, all_keys)
+        except ConfigError as err:
+            problems.append(str(err))
             continue
-        parts = key.split(".")
-        depth, node = _longest_existing_prefix(base_cfg, parts)
-        exists = depth == len(parts)
-        if ov.type == OverrideType.CHANGE or ov.type == OverrideType.DEL:
-            if exists:
-                continue
-            # under a free-form dict Hydra needs '+': say so
-            parent = OmegaConf.select(base_cfg, ".".join(parts[:depth]), default=None) if depth else base_cfg
-            if depth and _is_free_form(parent) or _inside_free_form(base_cfg, parts[:depth]):
-                raise ConfigError(
-                    f"'{key}' is not set in the default config; add it with a leading '+': +{ov.input_line}"
-                )
-            raise ConfigError(_unknown_key_message(key, all_keys, base_cfg))
-        # ADD / FORCE_ADD
-        if exists:
-            if ov.type == OverrideType.ADD:
-                raise ConfigError(
-                    f"'{key}' already exists in the config; set it without the '+': {ov.input_line.lstrip('+')}"
-                )
-            continue
-        if _inside_free_form(base_cfg, parts[:depth]):
-            continue
-        close = suggest_keys(key, all_keys, cutoff=0.8)
-        if close:
-            raise ConfigError(_unknown_key_message(key, all_keys, base_cfg, suggestions=close))
-        warnings.append(f"warning: '{key}' is not a known config key; adding it as requested by '{ov.input_line}'")
+        if warning:
+            warnings.append(warning)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} overrides are not accepted: " + "; ".join(
+            f"({i}) {p}" for i, p in enumerate(problems, 1)))
     return warnings
+
+
+def _check_override(ov, base_cfg: DictConfig, all_keys: list[str]) -> str | None:
+    """None when the parsed override ``ov`` is fine, a warning for a new key outside free-form sections; raises
+    ConfigError when it is not accepted."""
+    key = ov.key_or_group
+    if key.startswith("hydra") or "/" in key or ov.package is not None:
+        return None
+    parts = key.split(".")
+    depth, node = _longest_existing_prefix(base_cfg, parts)
+    exists = depth == len(parts)
+    if ov.type == OverrideType.CHANGE or ov.type == OverrideType.DEL:
+        if exists:
+            return None
+        # under a free-form dict Hydra needs '+': say so
+        parent = OmegaConf.select(base_cfg, ".".join(parts[:depth]), default=None) if depth else base_cfg
+        if depth and _is_free_form(parent) or _inside_free_form(base_cfg, parts[:depth]):
+            raise ConfigError(f"'{key}' is not set in the default config; add it with a leading '+': +{ov.input_line}")
+        raise ConfigError(_unknown_key_message(key, all_keys, base_cfg))
+    # ADD / FORCE_ADD
+    if exists:
+        if ov.type == OverrideType.ADD:
+            raise ConfigError(
+                f"'{key}' already exists in the config; set it without the '+': {ov.input_line.lstrip('+')}")
+        return None
+    if _inside_free_form(base_cfg, parts[:depth]):
+        return None
+    close = suggest_keys(key, all_keys, cutoff=0.8)
+    if close:
+        raise ConfigError(_unknown_key_message(key, all_keys, base_cfg, suggestions=close))
+    return f"warning: '{key}' is not a known config key; adding it as requested by '{ov.input_line}'"
 
 
 def _inside_free_form(cfg: DictConfig, parts: list[str]) -> bool:
