@@ -79,6 +79,31 @@ def test_accepted_as_verl_accepts_them(assets):
     cfg = driver_check(assets, "+data.gen_batch_size=8", "+algorithm.filter_groups.enable=False",
                        "+algorithm.filter_groups.metric=acc")
     assert "gen_batch_size" not in cfg.data and "filter_groups" not in cfg.algorithm
+    # the reward model runs in the sharded FSDP2 engine: its fsdp_config keys reach it
+    cfg = driver_check(assets, "reward_model.enable=True", f"reward_model.model.path={assets / 'model'}",
+                       "reward_model.micro_batch_size_per_gpu=2", "reward_model.model.fsdp_config.param_offload=True",
+                       "reward_model.model.fsdp_config.fsdp_size=2",
+                       "reward_model.model.fsdp_config.reshard_after_forward=False")
+    from verl.workers.engine.config import reward_engine_config
+
+    engine = reward_engine_config(cfg.reward_model)
+    assert engine.param_offload is True and engine.fsdp["fsdp_size"] == 2
+    assert engine.fsdp["reshard_after_forward"] is False
+    for value in ("enable", "disable"):
+        assert driver_check(assets, f"trainer.use_legacy_worker_impl={value}").trainer.use_legacy_worker_impl == value
+    cfg = driver_check(assets, "data.filter_overlong_prompts=True", "data.filter_overlong_prompts_workers=8")
+    assert cfg.data.filter_overlong_prompts_workers == 8
+    assert cfg.data.tool_config_path is None  # follows the multi-turn tool config (unset here)
+
+
+def test_data_tool_config_path_follows_multi_turn_and_a_bad_file_is_named(assets, capsys):
+    tools = assets / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.calculator_tool.CalculatorTool\n    config: {}\n")
+    cfg = driver_check(assets, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}")
+    assert cfg.data.tool_config_path == str(tools)
+    assert driver_check(assets, f"data.tool_config_path={tools}").data.tool_config_path == str(tools)
+    message = refused(assets, capsys, f"data.tool_config_path={assets / 'missing.yaml'}")
+    assert "data.tool_config_path=" in message and "no such file" in message, message
 
 
 @pytest.mark.parametrize("override, words", [

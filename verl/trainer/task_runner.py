@@ -60,7 +60,13 @@ def resource_pools(config: DictConfig, plan: PPOPlan, placement: str = "colocate
 
 
 def worker_classes(config: DictConfig):
-    """(ActorRolloutRefWorker, CriticWorker, RewardModelWorker, worker-group class) for the strategy."""
+    """(ActorRolloutRefWorker, CriticWorker, RewardModelWorker, worker-group class) for the strategy.
+
+    ``trainer.use_legacy_worker_impl`` (auto | enable | disable) chooses between verl's two worker generations;
+    here one set of workers, built on the training-engine interface, serves every value."""
+    legacy = str(config.trainer.get("use_legacy_worker_impl", "auto"))
+    if legacy != "auto":
+        print(f"trainer.use_legacy_worker_impl={legacy}: the engine-based workers serve every value of this switch")
     strategy = config.actor_rollout_ref.actor.strategy
     if strategy in ("fsdp", "fsdp2"):
         workers = fsdp_workers

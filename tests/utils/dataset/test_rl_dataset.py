@@ -203,3 +203,46 @@ def test_custom_cls(tok, tmp_path, arith_file):
         get_dataset_class(cfg(custom_cls={"path": str(tmp_path / "nothere.py"), "name": "X"}))
     with pytest.raises(TypeError, match="NotADataset"):
         get_dataset_class(cfg(custom_cls={"path": str(path), "name": "NotADataset"}))
+
+
+# a chat template that writes the tools' names and descriptions before the conversation (as tool-use templates do)
+TOOL_TEMPLATE = ("{% if tools %}{% for t in tools %}tool {{ t.function.name }}: {{ t.function.description }}\n"
+                 "{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_filter_counts_the_tool_schemas_of_data_tool_config_path(tok, tmp_path):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.calculator_tool.CalculatorTool\n    config: {}\n")
+    rows = [{"prompt": [{"role": "user", "content": c}], "extra_info": {"index": i}}
+            for i, c in enumerate(["1+1=", "22+3="])]
+    f = write(tmp_path / "f.parquet", rows)
+    plain = RLHFDataset(f, tok, cfg(max_prompt_length=512, chat_template=TOOL_TEMPLATE))
+    with_tools = RLHFDataset(f, tok, cfg(max_prompt_length=512, chat_template=TOOL_TEMPLATE,
+                                         filter_overlong_prompts=True, tool_config_path=str(tools)))
+    schemas = with_tools._tool_schemas()
+    assert schemas and schemas[0]["function"]["name"] == "calculator"
+    bare = max(len(plain[i]["raw_prompt_ids"]) for i in range(2))
+    rendered = with_tools._prompt_lengths(0, 2, schemas)
+    assert min(rendered) > bare  # the schemas are in the measured prompt
+    # a budget that fits the bare prompts but not the prompts with the tools' schemas: every row is dropped
+    with pytest.raises(ValueError, match="every prompt"):
+        RLHFDataset(f, tok, cfg(max_prompt_length=bare, chat_template=TOOL_TEMPLATE, filter_overlong_prompts=True,
+                                tool_config_path=str(tools)))
+    assert len(RLHFDataset(f, tok, cfg(max_prompt_length=bare, chat_template=TOOL_TEMPLATE,
+                                       filter_overlong_prompts=True))) == 2
+    with pytest.raises(Exception, match="data.tool_config_path="):
+        RLHFDataset(f, tok, cfg(filter_overlong_prompts=True, tool_config_path=str(tmp_path / "missing.yaml")))
+
+
+def test_filter_workers_keep_the_same_rows(tok, tmp_path):
+    rows = make_rl_rows(20, split="train", seed=1)
+    for i in range(0, 20, 3):  # every third prompt too long
+        rows[i]["prompt"] = [{"role": "user", "content": LONG}]
+    f = write(tmp_path / "f.parquet", rows)
+    one = RLHFDataset(f, tok, cfg(max_prompt_length=40, filter_overlong_prompts=True))
+    three = RLHFDataset(f, tok, cfg(max_prompt_length=40, filter_overlong_prompts=True,
+                                    filter_overlong_prompts_workers=3))
+    assert len(one) == 13
+    assert one._origins == three._origins
+    assert [one[i]["raw_prompt_ids"] for i in range(13)] == [three[i]["raw_prompt_ids"] for i in range(13)]

@@ -33,9 +33,9 @@ class ToolConfigError(ValueError):
     """The tool config yaml is missing, malformed, or names a tool that cannot be built."""
 
 
-def load_tool_config(path: str) -> list[dict]:
-    """The ``tools`` entries of a tool config file, checked (see the module docstring)."""
-    where = f"{TOOL_CONFIG_KEY}={path}"
+def load_tool_config(path: str, key: str = TOOL_CONFIG_KEY) -> list[dict]:
+    """The ``tools`` entries of a tool config file, checked (see the module docstring); errors name ``key``."""
+    where = f"{key}={path}"
     full = os.path.expanduser(str(path))
     if not os.path.isfile(full):
         raise ToolConfigError(f"{where}: no such file; point it at a yaml file with a top-level 'tools:' list")
@@ -90,14 +90,14 @@ def get_tool_class(class_name: str, where: str = "") -> type:
     return cls
 
 
-def initialize_tools_from_config(tools_config_file: Optional[str]) -> list[BaseTool]:
-    """Build every tool of the config file (none for a null path)."""
+def initialize_tools_from_config(tools_config_file: Optional[str], key: str = TOOL_CONFIG_KEY) -> list[BaseTool]:
+    """Build every tool of the config file (none for a null path); errors name ``key``."""
     if not tools_config_file:
         return []
     tools: list[BaseTool] = []
     seen: set[str] = set()
-    for i, entry in enumerate(load_tool_config(tools_config_file)):
-        where = f"{TOOL_CONFIG_KEY}={tools_config_file}: tools[{i}] "
+    for i, entry in enumerate(load_tool_config(tools_config_file, key)):
+        where = f"{key}={tools_config_file}: tools[{i}] "
         cls = get_tool_class(entry["class_name"], where)
         tool = cls(config=entry["config"], tool_schema=entry["tool_schema"])
         if tool.name in seen:

@@ -72,8 +72,12 @@ class DataConfig(Section):
                                       cpu="no effect (data is loaded in the main process on CPU)")
     validation_shuffle: bool = key(False, "shuffle the validation set", read_in=(TRAINER,))
     filter_overlong_prompts: bool = key(False, "drop prompts longer than max_prompt_length", read_in=(RL_DATA,))
-    filter_overlong_prompts_workers: int = key(1, "processes for that filter", ge=1,
-                                               unsupported="the filter runs in one process here; leave 1")
+    filter_overlong_prompts_workers: int = key(1, "processes for that filter (forked; the kept rows are the same)", ge=1,
+                                               read_in=(RL_DATA,))
+    tool_config_path: Optional[str] = key(None, "tools whose schemas the overlong-prompt filter renders into the "
+                                                "chat template, as the tool agent does",
+                                          follows="actor_rollout_ref.rollout.multi_turn.tool_config_path",
+                                          read_in=(RL_DATA,))
     truncation: str = key("error", "overlong prompts: error | left | right | middle", choices=TRUNCATIONS,
                           read_in=(RL_DATA,))
     trust_remote_code: bool = key(False, "allow tokenizer code from the checkpoint", read_in=(RUNNER,))
@@ -233,8 +237,9 @@ class TrainerConfig(Section):
                                                read_in=(CHECKPOINTING,))
     ray_wait_register_center_timeout: int = key(300, "seconds to wait for the workers to register", gt=0,
                                                 read_in=(TRAINER,))
-    use_legacy_worker_impl: str = key("auto", "verl's legacy/new worker switch", choices=("auto", "enable", "disable"),
-                                      unsupported="there is one worker implementation here; leave auto")
+    use_legacy_worker_impl: str = key("auto", "verl's legacy/new worker switch (one set of engine-based workers "
+                                      "serves every value)", choices=("auto", "enable", "disable"),
+                                      read_in=(RUNNER,))
     esi_redundant_time: float = key(0, "elastic-instance checkpoint margin (seconds)", ge=0,
                                     unsupported="elastic (ESI) checkpointing is not available; leave 0")
 

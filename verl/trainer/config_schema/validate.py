@@ -325,6 +325,21 @@ def _batch_sizes(config: DictConfig, n_gpus: int, use_critic: bool, use_ref: boo
     return sizes
 
 
+def _check_data_tool_config(config: DictConfig) -> None:
+    """``data.tool_config_path`` (the tools whose schemas the overlong-prompt filter renders) must load, unless it is
+    the multi-turn tool config, which the agent-loop check has loaded already."""
+    path = _get(config, "data.tool_config_path")
+    if not path or path == _get(config, f"{AR}.rollout.multi_turn.tool_config_path"):
+        return
+    from verl.tools.utils.tool_registry import ToolConfigError, get_tool_class, load_tool_config
+
+    try:
+        for i, entry in enumerate(load_tool_config(str(path), "data.tool_config_path")):
+            get_tool_class(entry["class_name"], f"data.tool_config_path={path}: tools[{i}] ")
+    except ToolConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan:
     """Validate the composed PPO config in place (normalizing a few spellings) and return the plan."""
     # spellings verl accepts: trainer.logger=console (a string)
@@ -359,6 +374,8 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             f"or use {AR}.rollout.name=hf"
         )
     check_agent_loop_config(config.actor_rollout_ref.rollout, check_files)
+    if check_files:
+        _check_data_tool_config(config)
     _check_kl_type(f"{AR}.actor.kl_loss_type", _get(config, f"{AR}.actor.kl_loss_type"))
     _check_kl_type("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"))
     _check_pf_ppo(config)

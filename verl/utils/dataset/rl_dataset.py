@@ -29,7 +29,10 @@ through the trainer's batches (see ``verl.utils.dataset.vision_utils``).
 
 Prompts longer than ``max_prompt_length`` are dropped up front (``data.filter_overlong_prompts=True``) or cut
 according to ``data.truncation``: ``left`` keeps the end, ``right`` the start, ``middle`` both ends, ``error``
-raises naming the file and row.
+raises naming the file and row. The filter measures the prompt as the agent loop renders it: with
+``data.tool_config_path`` (it follows ``actor_rollout_ref.rollout.multi_turn.tool_config_path``) the tools'
+schemas go into the chat template. ``data.filter_overlong_prompts_workers > 1`` measures the rows in that many
+forked processes (large datasets; the kept rows are the same).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import multiprocessing
 import os
 import re
 from collections import defaultdict
@@ -133,6 +137,8 @@ class RLHFDataset(Dataset):
         self.max_prompt_length = int(cfg_get(config, "max_prompt_length", 1024))
         self.truncation = cfg_get(config, "truncation", "error")
         self.filter_overlong_prompts = bool(cfg_get(config, "filter_overlong_prompts", False))
+        self.filter_overlong_prompts_workers = int(cfg_get(config, "filter_overlong_prompts_workers", 1) or 1)
+        self.tool_config_path = cfg_get(config, "tool_config_path", None)
         self.return_raw_chat = bool(cfg_get(config, "return_raw_chat", False))
         self.return_full_prompt = bool(cfg_get(config, "return_full_prompt", False))
         self.chat_template = cfg_get(config, "chat_template", None)
@@ -184,11 +190,19 @@ class RLHFDataset(Dataset):
         """Drop rows whose rendered prompt exceeds max_prompt_length (only with filter_overlong_prompts)."""
         if not self.filter_overlong_prompts:
             return
-        if self.processor is not None:  # image tokens count: the processor expands each image
-            lengths = [len(self._encode(copy.deepcopy(row), i)[1]) for i, row in enumerate(self.dataframe)]
+        tools = self._tool_schemas()
+        workers = min(self.filter_overlong_prompts_workers, len(self.dataframe))
+        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            bounds = np.linspace(0, len(self.dataframe), workers + 1).astype(int)
+            spans = [(int(a), int(b), tools) for a, b in zip(bounds[:-1], bounds[1:])]
+            _FORKED["dataset"] = self  # the forked children read it from here: nothing is pickled
+            try:
+                with multiprocessing.get_context("fork").Pool(workers) as pool:
+                    lengths = [n for part in pool.map(_forked_prompt_lengths, spans) for n in part]
+            finally:
+                _FORKED.clear()
         else:
-            texts = [self._render(self._messages_of(dict(row), i)) for i, row in enumerate(self.dataframe)]
-            lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            lengths = self._prompt_lengths(0, len(self.dataframe), tools)
         keep = [i for i, n in enumerate(lengths) if n <= self.max_prompt_length]
         dropped = len(self.dataframe) - len(keep)
         if not keep:
@@ -202,6 +216,22 @@ class RLHFDataset(Dataset):
             )
         self.dataframe = [self.dataframe[i] for i in keep]
         self._origins = [self._origins[i] for i in keep]
+
+    def _tool_schemas(self) -> list[dict] | None:
+        """The schemas the tool agent renders prompts with (``data.tool_config_path``), or None."""
+        if not self.tool_config_path:
+            return None
+        from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
+
+        return tool_schemas(initialize_tools_from_config(self.tool_config_path, "data.tool_config_path")) or None
+
+    def _prompt_lengths(self, start: int, stop: int, tools: list[dict] | None) -> list[int]:
+        """Rendered prompt lengths (tokens) of rows ``start:stop``."""
+        rows = range(start, stop)
+        if self.processor is not None:  # image tokens count: the processor expands each image
+            return [len(self._encode(copy.deepcopy(self.dataframe[i]), i)[1]) for i in rows]
+        texts = [self._render(self._messages_of(dict(self.dataframe[i]), i), tools) for i in rows]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
     # ---- one item ------------------------------------------------------------------------------------------
     def _where(self, item: int) -> str:
@@ -231,8 +261,10 @@ class RLHFDataset(Dataset):
             )
         return prompt
 
-    def _render(self, messages: list[dict]) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         kwargs = dict(self.apply_chat_template_kwargs)
+        if tools:
+            kwargs["tools"] = tools
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template
         renderer = self.processor if self.processor is not None else self.tokenizer
@@ -368,6 +400,14 @@ class RLHFDataset(Dataset):
         row["tools_kwargs"] = extra.get("tools_kwargs") or {}
         row["interaction_kwargs"] = extra.get("interaction_kwargs") or {}
         return row
+
+
+_FORKED: dict[str, Any] = {}
+
+
+def _forked_prompt_lengths(span: tuple) -> list[int]:
+    start, stop, tools = span
+    return _FORKED["dataset"]._prompt_lengths(start, stop, tools)
 
 
 def collate_fn(data_list: list[dict]) -> dict[str, Any]:
