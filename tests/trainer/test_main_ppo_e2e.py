@@ -113,8 +113,11 @@ def read_metrics(run_dir):
 
 def test_ppo_gae_quickstart(assets, tmp_path):
     run = tmp_path / "ppo"
+    # 6 prompts in mini-batches of 4, as verl allows: each worker's 3 rows are a mini-batch of 2, then one of 1
+    # (actor and critic)
     metrics = run_main(run, quickstart_args(assets, steps=2) + ["trainer.test_freq=2", "trainer.save_freq=2",
-                                                                  "trainer.val_before_train=True"])
+                                                                  "trainer.val_before_train=True",
+                                                                  "data.train_batch_size=6"])
     assert sorted(metrics) == [0, 1, 2]
     assert "val-core/arithmetic/reward/mean@1" in metrics[0]
     for step in (1, 2):

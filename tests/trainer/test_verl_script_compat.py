@@ -89,6 +89,9 @@ def test_accepted_as_verl_accepts_them(assets):
     engine = reward_engine_config(cfg.reward_model)
     assert engine.param_offload is True and engine.fsdp["fsdp_size"] == 2
     assert engine.fsdp["reshard_after_forward"] is False
+    # a train batch that is not a multiple of the mini-batch (verl's scripts: 1024 prompts, mini-batches of 80)
+    cfg = driver_check(assets, "data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+    assert cfg.data.train_batch_size == 12
     for value in ("enable", "disable"):
         assert driver_check(assets, f"trainer.use_legacy_worker_impl={value}").trainer.use_legacy_worker_impl == value
     cfg = driver_check(assets, "data.filter_overlong_prompts=True", "data.filter_overlong_prompts_workers=8")

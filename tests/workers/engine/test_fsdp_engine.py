@@ -74,6 +74,24 @@ def test_update_is_the_global_mini_batch_loss_however_it_is_cut(weight_by, micro
         torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
+@pytest.mark.parametrize("weight_by", ["tokens", "sequences"])
+def test_short_last_mini_batch_is_its_own_mean(weight_by):
+    """8 rows in mini-batches of 6: a step on rows 0-5, then a step on rows 6-7, each the mean over its own rows
+    (verl accepts a train batch that is not a multiple of the mini-batch; the last one is shorter)."""
+    model = tiny_model(seed=3).double()
+    data = _batch()
+    first = copy.deepcopy(model)
+    after_first = reference_step(model, data.slice(0, 6), weight_by)
+    with torch.no_grad():
+        for name, p in first.named_parameters():
+            p.copy_(after_first[name])
+    want = reference_step(first, data.slice(6, 8), weight_by)
+    got, metrics = engine_step(model, data, dict(mini_batch_size=6, micro=MicroBatchSpec(4), weight_by=weight_by))
+    assert len(metrics["grad_norm"]) == 2 and len(metrics["loss"]) == 3  # micro-batches of 4 + 2, then 2
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
 def test_mini_batches_epochs_and_shuffle_take_one_step_each():
     model = tiny_model(seed=2).double()
     data = _batch()

@@ -298,8 +298,8 @@ def _batch_sizes(config: DictConfig, n_gpus: int, use_critic: bool, use_ref: boo
         if mini > train_bsz:
             raise ConfigError(
                 f"{prefix}.ppo_mini_batch_size={mini} must be between 1 and data.train_batch_size={train_bsz}")
-        _divides(f"data.train_batch_size must be a multiple of {prefix}.ppo_mini_batch_size", train_bsz, mini,
-                 f"Choose {prefix}.ppo_mini_batch_size among the divisors of {train_bsz}.")
+        # a train batch that is not a multiple of the mini-batch ends with a shorter mini-batch (as in verl); its
+        # step is the mean over its own rows or tokens, like every other mini-batch's
         if not _get(config, f"{prefix}.use_dynamic_bsz"):
             check_mutually_exclusive(config, prefix, "ppo_micro_batch_size")
         return normalized_batch_sizes(OmegaConf.select(config, prefix), n, dp_ranks(prefix), prefix=prefix + ".")
