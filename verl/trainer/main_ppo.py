@@ -170,13 +170,20 @@ def ray_init_kwargs(config: DictConfig, plan: PPOPlan) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     env = dict(_WORKER_ENV_DEFAULTS)
     env.update({k: os.environ[k] for k in _WORKER_ENV_PASSTHROUGH if k in os.environ})
-    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}}
+    kwargs: dict[str, Any] = {}
     extra_node = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
     extra = dict(OmegaConf.to_container(extra_node, resolve=True)) if extra_node else {}
     num_cpus = OmegaConf.select(config, "ray_init.num_cpus", default=None) or extra.pop("num_cpus", None)
     if os.environ.get("RAY_ADDRESS"):
         kwargs.update(extra)
-        return kwargs  # join the user's cluster as is
+        # join the user's cluster as is; its processes get the variables through the job's runtime_env
+        runtime_env = dict(kwargs.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**env, **dict(runtime_env.get("env_vars") or {})}
+        kwargs["runtime_env"] = runtime_env
+        return kwargs
+    # a Ray started here is this process's child and its workers inherit this environment: setting the variables
+    # here instead of in a job runtime_env lets the actors start in the worker processes Ray pre-starts
+    os.environ.update(env)
     if num_cpus is None:
         # Ray CPUs are logical: make sure every worker process of every pool gets a slot
         num_cpus = max(os.cpu_count() or 1, _total_processes(config) + 1)
@@ -188,11 +195,7 @@ def ray_init_kwargs(config: DictConfig, plan: PPOPlan) -> dict:
     timeline = OmegaConf.select(config, "ray_init.timeline_json_file", default=None)
     if timeline:
         os.environ["RAY_PROFILING"] = "1"
-    for key, value in extra.items():
-        if key == "runtime_env":
-            value = dict(value)
-            value.setdefault("env_vars", {}).update(env)
-        kwargs[key] = value
+    kwargs.update(extra)
     return kwargs
 
 
