@@ -143,6 +143,23 @@ def test_megatron_reference_and_critic_keys_follow_the_actor_and_can_be_set(asse
     assert cfg.actor_rollout_ref.ref.megatron.pipeline_model_parallel_size == 2
 
 
+def test_megatron_offload_switches_are_accepted_on_cpu_and_refused_on_an_accelerator(assets):
+    offload = ("actor_rollout_ref.actor.megatron.param_offload=True", "actor_rollout_ref.actor.megatron.grad_offload=True",
+               "actor_rollout_ref.actor.megatron.optimizer_offload=True")
+    if get_device_name() == "cpu":  # everything already lives in host memory: true changes nothing
+        cfg = driver_check(assets, *MEGATRON, *offload, config_name="ppo_megatron_trainer")
+        assert cfg.actor_rollout_ref.ref.megatron.param_offload is True  # the reference follows the actor
+    from transformers import AutoConfig
+
+    from verl.models.mcore.settings import check_megatron_settings
+
+    hf = AutoConfig.from_pretrained(str(assets / "model"))
+    check_megatron_settings({"param_offload": True}, hf, "actor.megatron", on_cpu=True)
+    for k in ("param_offload", "grad_offload", "optimizer_offload"):
+        with pytest.raises(ValueError, match=f"actor.megatron.{k}=True: the Megatron engine does not offload"):
+            check_megatron_settings({k: True}, hf, "actor.megatron", on_cpu=False)
+
+
 @pytest.mark.parametrize("overrides, words", [
     (("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2"),
      "differs from actor_rollout_ref.actor.megatron"),

@@ -10,8 +10,8 @@ import torch
 
 from verl.models.mcore import get_arch
 
-__all__ = ["MEGATRON_DTYPES", "REFUSED", "CONVERTER_SWITCHES", "megatron_settings", "check_megatron_settings",
-           "transformer_overrides"]
+__all__ = ["MEGATRON_DTYPES", "REFUSED", "CONVERTER_SWITCHES", "OFFLOAD_KEYS", "megatron_settings",
+           "check_megatron_settings", "transformer_overrides"]
 
 MEGATRON_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "bf16": torch.bfloat16,
                    "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
@@ -28,6 +28,10 @@ _ALSO_FINE = {"expert_tensor_parallel_size": (1,)}
 # verl's switches between weight converters (mbridge or its own). This engine converts HF weights with its own
 # per-architecture table, so every value of these loads the same weights; they are accepted as they are.
 CONVERTER_SWITCHES = ("use_mbridge", "vanilla_mbridge")
+
+# verl's host-offload switches. On CPU the parameters, gradients and optimizer state already live in host memory,
+# so true asks for nothing more there and is accepted; this engine does not move them off an accelerator.
+OFFLOAD_KEYS = ("param_offload", "grad_offload", "optimizer_offload")
 
 # TransformerConfig fields the engine derives from the HF config and the megatron.* sizes: overriding one would
 # make the model disagree with its checkpoint or its process grid.
@@ -84,6 +88,10 @@ def check_megatron_settings(cfg: dict, hf_config, prefix: str, on_cpu: bool = Fa
         value = s["raw"].get(k, ok)
         if value not in (ok, None) and not (ok == 1 and value == 1) and value not in _ALSO_FINE.get(k, ()):
             raise ValueError(f"{prefix}.{k}={value!r} is not supported: {why}; use {ok!r}")
+    for k in OFFLOAD_KEYS:
+        if s["raw"].get(k) and not on_cpu:
+            raise ValueError(f"{prefix}.{k}=True: the Megatron engine does not offload to host memory on an "
+                             "accelerator; use false (strategy=fsdp offloads)")
     transformer_overrides(cfg, prefix, on_cpu)
     get_arch(hf_config).check(hf_config)
     heads = hf_config.num_attention_heads

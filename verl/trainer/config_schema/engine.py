@@ -17,7 +17,7 @@ STRATEGIES = ("fsdp", "fsdp2", "megatron")
 NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
 NO_COMPILE = "torch.compile is not applied here (the model runs eagerly); remove the override (verl's default is true)"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
-NO_MEGATRON_OFFLOAD = "the Megatron engine does not offload to the host; leave false (strategy=fsdp offloads)"
+NO_MEGATRON_OFFLOAD = "refused unless false: the Megatron engine does not offload an accelerator's memory to the host"
 NO_MEGATRON_VPP = "interleaved pipeline stages are not available in the Megatron engine; leave null"
 NO_MEGATRON_CP = "context parallelism needs Transformer Engine attention (CUDA); use 1"
 NO_MEGATRON_EP = "the supported architectures (Qwen2, Llama) have no experts; use 1"
@@ -151,9 +151,12 @@ class MegatronConfig(Section):
                                   read_in=(MEGATRON,))
     use_distributed_optimizer: bool = key(True, "shard the optimizer state over the data-parallel ranks",
                                           read_in=(MEGATRON,))
-    param_offload: bool = key(False, "offload parameters", unsupported=NO_MEGATRON_OFFLOAD)
-    grad_offload: bool = key(False, "offload gradients", unsupported=NO_MEGATRON_OFFLOAD)
-    optimizer_offload: bool = key(False, "offload optimizer state", unsupported=NO_MEGATRON_OFFLOAD)
+    param_offload: bool = key(False, "keep parameters in host memory", read_in=(MEGATRON,), cpu=HOST_ALREADY,
+                              gpu=NO_MEGATRON_OFFLOAD, npu=NO_MEGATRON_OFFLOAD)
+    grad_offload: bool = key(False, "keep gradients in host memory", read_in=(MEGATRON,), cpu=HOST_ALREADY,
+                             gpu=NO_MEGATRON_OFFLOAD, npu=NO_MEGATRON_OFFLOAD)
+    optimizer_offload: bool = key(False, "keep optimizer state in host memory", read_in=(MEGATRON,), cpu=HOST_ALREADY,
+                                  gpu=NO_MEGATRON_OFFLOAD, npu=NO_MEGATRON_OFFLOAD)
     seed: int = key(42, "Megatron seed", ge=0, read_in=(MEGATRON,))
     expert_tensor_parallel_size: Optional[int] = key(None, "expert tensor parallel size", ge=1,
                                                      unsupported=NO_MEGATRON_EP, ok=lambda v: v in (None, 1))
