@@ -66,7 +66,7 @@ def critic_config(model_dir):
 
 def reward_model_config(model_dir):
     return OmegaConf.create({"enable": True, "strategy": "fsdp", "micro_batch_size_per_gpu": 4, "max_length": None,
-                             "model": {"path": model_dir, "input_tokenizer": model_dir,
+                             "model": {"path": model_dir, "input_tokenizer": model_dir, "use_remove_padding": True,
                                        "fsdp_config": {"model_dtype": "fp32"}}})
 
 

@@ -107,8 +107,8 @@ class RMModelConfig(Section):
     external_lib: Optional[str] = key(None, "module imported first", follows="actor_rollout_ref.model.external_lib",
                                       unsupported=EXTERNAL_LIB)
     trust_remote_code: bool = key(False, "allow model code from the checkpoint", read_in=(WORKERS,))
-    use_remove_padding: bool = key(False, "pack sequences without padding",
-                                   unsupported="the reward model scores padded batches; leave false")
+    use_remove_padding: bool = key(False, "score without padding (packed rows, or all-padding columns trimmed; same "
+                                          "scores)", read_in=(WORKERS,))
     use_fused_kernels: bool = key(False, "fused kernels", follows="actor_rollout_ref.model.use_fused_kernels",
                                   unsupported="fused kernels are not available; use False")
     fsdp_config: RMFSDPConfig = section(RMFSDPConfig)

@@ -156,6 +156,7 @@ def reward_engine_config(rm_cfg: Any) -> EngineConfig:
     """The frozen reward model of ``reward_model`` (a sequence classifier)."""
     model = cfg_get(rm_cfg, "model")
     return EngineConfig(name="reward_model", strategy=str(cfg_get(rm_cfg, "strategy", "fsdp")), model_kind="reward",
+                        use_remove_padding=bool(cfg_get(model, "use_remove_padding", False)),
                         megatron=plain(cfg_get(rm_cfg, "megatron")) or {}, **_common(model, cfg_get(model, "fsdp_config")))
 
 

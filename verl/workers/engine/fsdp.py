@@ -173,7 +173,7 @@ class FSDPEngine(TrainEngine):
         if "values" in outputs:
             out["values"] = forward_values(self.module, micro, self.use_remove_padding)
         if "scores" in outputs:
-            out["scores"] = forward_scores(self.module, micro)
+            out["scores"] = forward_scores(self.module, micro, self.use_remove_padding)
         if "logits" in outputs:
             out["logits"] = forward_logits(self.module, micro, temperature, self.use_remove_padding)
         return out

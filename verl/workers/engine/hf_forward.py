@@ -163,20 +163,36 @@ def _score_head(module: nn.Module) -> nn.Module:
                     "model must be a sequence-classification model (AutoModelForSequenceClassification)")
 
 
-def forward_scores(module: nn.Module, micro_batch) -> torch.Tensor:
-    """A sequence classifier's head output at *every* position (B, T), without the model's own pooling.
+def forward_scores(module: nn.Module, micro_batch, use_remove_padding: bool = False) -> torch.Tensor:
+    """A sequence classifier's head output at *every* position (B, T), without the model's own pooling; zeros on
+    padding when ``use_remove_padding`` packs the rows or trims all-padding columns (as for values).
 
     The head's per-token output is captured by a forward hook during the ordinary forward call, so sharded
     (FSDP) models gather their parameters as usual.
     """
+    input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
+    batch, seqlen = input_ids.shape
+    mode = remove_padding_mode(module) if use_remove_padding else "padded"
     captured = {}
     handle = _score_head(module).register_forward_hook(lambda _m, _inp, out: captured.__setitem__("out", out))
     try:
-        out = module(input_ids=micro_batch["input_ids"], attention_mask=micro_batch["attention_mask"],
-                     position_ids=micro_batch["position_ids"], use_cache=False)
+        if mode == "pack":
+            ids, pos, indices, _ = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
+            out = module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False)
+        else:
+            lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
+            out = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi],
+                         position_ids=micro_batch["position_ids"][..., lo:hi], use_cache=False)
     finally:
         handle.remove()
-    scores = captured["out"][..., 0].float()
+    head = captured["out"][..., 0].float()
+    if mode == "pack":
+        scores = unpack_to_padded(head[0], indices, batch, seqlen)
+    elif mode == "trim":
+        scores = head.new_zeros(batch, seqlen)
+        scores[:, lo:hi] = head
+    else:
+        scores = head
     logits = getattr(out, "logits", None)
     if torch.is_grad_enabled() and isinstance(logits, torch.Tensor) and logits.requires_grad:
         # training a reward model: FSDP2 re-gathers parameters for backward (and reduces gradients after it)
