@@ -146,3 +146,28 @@ def test_constant_schedule_without_warmup_starts_at_full_lr():
     sched = F.get_constant_schedule_with_warmup(opt, num_warmup_steps=0)
     assert [sched.lr_lambdas[0](k) for k in range(3)] == [1.0, 1.0, 1.0]
     assert opt.param_groups[0]["lr"] == 0.5
+
+
+def test_checkpointed_entropy_has_the_same_value_and_gradient_and_keeps_less():
+    from verl.utils.torch_functional import CHECKPOINT_ENTROPY, entropy_for_loss
+
+    torch.manual_seed(0)
+    base = torch.randn(3, 5, 50, dtype=torch.float64)
+
+    def run(mode):
+        logits = (base * 1.0).requires_grad_(True)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            ent = entropy_for_loss(logits, mode)
+        ent.sum().backward()
+        return ent.detach(), logits.grad, sum(saved)
+
+    value, grad, kept = run(True)
+    value_c, grad_c, kept_c = run(CHECKPOINT_ENTROPY)
+    torch.testing.assert_close(value_c, value, rtol=0, atol=0)
+    torch.testing.assert_close(grad_c, grad, rtol=1e-12, atol=1e-12)
+    # the plain graph keeps vocabulary-sized intermediates (softmax, products); the checkpointed one only its input
+    assert kept_c <= base.numel() < kept
+    # as a metric (no gradient) nothing is kept at all
+    logits = base.clone().requires_grad_(True)
+    assert not entropy_for_loss(logits, False).requires_grad

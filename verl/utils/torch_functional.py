@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 __all__ = [
@@ -116,6 +117,26 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy H(softmax(logits)) over the last dim: logsumexp(z) - sum_v p_v z_v."""
     probs = F.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+CHECKPOINT_ENTROPY = "checkpoint"  # entropy_grad value of actor.entropy_checkpointing=True
+
+
+def _fp32_entropy(logits: torch.Tensor) -> torch.Tensor:
+    return entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+
+
+def entropy_for_loss(logits: torch.Tensor, entropy_grad=True) -> torch.Tensor:
+    """:func:`entropy_from_logits` in float32, as a loss term or a metric. ``entropy_grad``: False computes it from
+    detached logits (a metric: no graph kept); True keeps it differentiable; ``"checkpoint"``
+    (``actor.entropy_checkpointing``) keeps it differentiable but recomputes the float32 softmax over the
+    vocabulary in backward instead of holding it (same values and gradients, less memory)."""
+    if not entropy_grad:
+        return _fp32_entropy(logits.detach())
+    if entropy_grad == CHECKPOINT_ENTROPY and torch.is_grad_enabled() and logits.requires_grad:
+        return torch.utils.checkpoint.checkpoint(_fp32_entropy, logits, use_reentrant=False,
+                                                 preserve_rng_state=False)
+    return _fp32_entropy(logits)
 
 
 def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:

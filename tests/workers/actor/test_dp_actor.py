@@ -341,6 +341,28 @@ def test_gradient_checkpointing_epochs_and_shuffle():
         assert torch.allclose(states[0][k], states[1][k], atol=1e-6), k
 
 
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_entropy_checkpointing_makes_the_same_update(remove_padding, monkeypatch):
+    """actor.entropy_checkpointing recomputes the entropy bonus in backward: same losses, same new weights."""
+    b = make_batch(8, 6, 5, seed=11)
+    states, losses, calls = [], [], []
+    real = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for ckpt in (False, True):
+        calls.clear()
+        cfg = actor_config(ppo_mini_batch_size=4, entropy_coeff=0.05, entropy_checkpointing=ckpt,
+                           use_remove_padding=remove_padding)
+        model = tiny_model(seed=5)
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        metrics = actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 1.0}))
+        assert bool(calls) == ckpt  # the entropy went through torch.utils.checkpoint only when asked
+        states.append(model.state_dict())
+        losses.append(metrics["actor/entropy"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6, abs=1e-7)
+    for k in states[0]:
+        assert torch.allclose(states[0][k], states[1][k], atol=1e-7), k
+
+
 def _lora_worker(rank, world, out_dir, batch, cfg_dict):
     from omegaconf import OmegaConf
 

@@ -1,8 +1,9 @@
 """Megatron engine vs the FSDP engine on the same tiny Qwen2 weights and batch (fp32, gloo, 2 ranks).
 
-Log-probs, entropies and the weights after one PPO optimizer step must agree within 1e-5 for tensor parallel
-(TP=2, sequence parallel on), pipeline parallel (PP=2) and tied / untied embeddings. The actor loss is the
-unchanged ``DataParallelPPOActor`` on both engines.
+Log-probs, entropies and the weights after one PPO optimizer step (with an entropy bonus, whose gradient crosses
+the vocabulary shards under tensor parallelism) must agree within 1e-5 for tensor parallel (TP=2, sequence
+parallel on), pipeline parallel (PP=2) and tied / untied embeddings. The actor loss is the unchanged
+``DataParallelPPOActor`` on both engines.
 """
 
 from __future__ import annotations
@@ -35,10 +36,13 @@ def _batch() -> DataProto:
     return DataProto.from_dict(make_batch(bsz=4, prompt_len=6, resp_len=5, with_ref=False))
 
 
-def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None):
+def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None, entropy_coeff=0.0,
+                   entropy_checkpointing=False):
     from verl.workers.engine import get_engine_cls
 
-    cfg = actor_config(optim={"lr": LR})
+    # an entropy bonus (its gradient crosses the vocabulary shards), recomputed in backward in one case
+    # (entropy_checkpointing): the step must still be the FSDP reference's
+    cfg = actor_config(optim={"lr": LR}, entropy_coeff=entropy_coeff, entropy_checkpointing=entropy_checkpointing)
     engine_cfg = EngineConfig(model_path=model_dir, name="actor", strategy="megatron",
                               megatron={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                                         "sequence_parallel": True, "use_mbridge": True,
@@ -59,10 +63,10 @@ def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None):
                    os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def _fsdp_reference(model_dir):
+def _fsdp_reference(model_dir, entropy_coeff=0.0):
     from transformers import AutoModelForCausalLM
 
-    cfg = actor_config(optim={"lr": LR})
+    cfg = actor_config(optim={"lr": LR}, entropy_coeff=entropy_coeff)
     module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine_cfg = actor_engine_config({"model": {"path": model_dir}, "actor": cfg})
     from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
@@ -88,8 +92,10 @@ def test_megatron_matches_fsdp(tmp_path, tp, pp, tie, overrides):
     model_dir = make_model_dir(str(tmp_path / "model"), seed=0, tie=tie)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    run_distributed(_megatron_rank, 2, model_dir, str(out_dir), tp, pp, overrides, err_dir=str(tmp_path))
-    ref = _fsdp_reference(model_dir)
+    entropy_coeff = 0.01
+    run_distributed(_megatron_rank, 2, model_dir, str(out_dir), tp, pp, overrides, entropy_coeff,
+                    overrides is not None, err_dir=str(tmp_path))
+    ref = _fsdp_reference(model_dir, entropy_coeff)
     files = sorted(out_dir.iterdir())
     assert len(files) == 1  # one output rank: tensor rank 0 of the last stage
     got = torch.load(files[0])

@@ -121,7 +121,9 @@ class ActorConfig(Section):
                                               ge=1,
                                               read_in=(WORKERS,))
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
-    entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
+    entropy_checkpointing: bool = key(False, "with entropy_coeff != 0: recompute the entropy's softmax over the "
+                                             "vocabulary in backward instead of keeping it (memory)",
+                                      read_in=(WORKERS,))
     calculate_sum_pi_squared: bool = key(False, "sum of squared probabilities", unsupported="not available; use False")
     sum_pi_squared_checkpointing: bool = key(False, "recompute it in backward", unsupported="not available; use False")
     tis_imp_ratio_cap: Optional[float] = key(None, "truncated IS cap on pi_old/pi_rollout (older spelling of "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 
 __all__ = ["vocab_parallel_log_probs"]
 
@@ -44,7 +45,21 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_s
     log_probs = reduce_tp(picked) - lse
     entropy = None
     if with_entropy:
-        s, l_ = (shifted, lse) if entropy_grad else (shifted.detach(), lse.detach())
-        p = (s - l_.unsqueeze(-1)).exp()
-        entropy = l_ - reduce_tp((p * s).sum(dim=-1))
+        # H = log Z - sum_v e^{s_v} s_v / Z, with both vocabulary sums reduced over the tensor ranks *before* they
+        # are combined: every term after a reduction is then the same on every rank, which is what the
+        # reduction's identity backward assumes (normalising the local probabilities by the reduced Z first
+        # drops the other ranks' share of the gradient through Z)
+        def tp_entropy(s):
+            e = s.exp()
+            z = reduce_tp(e.sum(dim=-1))
+            return z.log() - reduce_tp((e * s).sum(dim=-1)) / z
+
+        if not entropy_grad:
+            entropy = tp_entropy(shifted.detach())
+        elif entropy_grad == "checkpoint" and torch.is_grad_enabled() and shifted.requires_grad:
+            # actor.entropy_checkpointing: the exponentials are recomputed in backward instead of kept
+            entropy = torch.utils.checkpoint.checkpoint(tp_entropy, shifted, use_reentrant=False,
+                                                        preserve_rng_state=False)
+        else:
+            entropy = tp_entropy(shifted)
     return log_probs, entropy

@@ -42,6 +42,7 @@ from verl.trainer.ppo.rollout_corr import truncated_is_weights
 from verl.utils.config import cfg_get
 from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.padding import response_mask
+from verl.utils.torch_functional import CHECKPOINT_ENTROPY
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.config_utils import PPOBatchSizes
 from verl.workers.engine import FSDPEngine, LossContext, MicroBatchSpec, TrainEngine, TrainSpec
@@ -160,6 +161,13 @@ class DataParallelPPOActor(BasePPOActor):
         return out["log_probs"], out.get("entropy")
 
     # ------------------------------------------------------------------------------------------- update
+    def _entropy_grad(self, loss: PolicyLoss):
+        """The entropy enters the loss only with entropy_coeff != 0; ``entropy_checkpointing`` recomputes it in
+        backward (see ``entropy_for_loss``)."""
+        if loss.entropy_coeff == 0:
+            return False
+        return CHECKPOINT_ENTROPY if bool(cfg_get(self.config, "entropy_checkpointing", False)) else True
+
     def _train_spec(self, n_rows: int, loss: PolicyLoss, temperature: float) -> TrainSpec:
         cfg = self.config
         sizes = self.batch_sizes
@@ -174,7 +182,7 @@ class DataParallelPPOActor(BasePPOActor):
             epochs=int(cfg_get(cfg, "ppo_epochs", 1)), shuffle=bool(cfg_get(cfg, "shuffle", False)),
             seed=int(cfg_get(cfg, "data_loader_seed", 42)),
             weight_by="tokens" if loss.loss_agg_mode == "token-mean" else "sequences",
-            outputs=loss.outputs, temperature=temperature, entropy_grad=loss.entropy_coeff != 0,
+            outputs=loss.outputs, temperature=temperature, entropy_grad=self._entropy_grad(loss),
             grad_norm_key="actor/grad_norm",
         )
 

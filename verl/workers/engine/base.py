@@ -86,7 +86,7 @@ class TrainSpec:
     mask_key: str = "response_mask"
     outputs: tuple[str, ...] = ("log_probs",)
     temperature: float = 1.0
-    entropy_grad: bool = True
+    entropy_grad: bool | str = True  # "checkpoint": differentiable, recomputed in backward (entropy_for_loss)
     reduce_grads_once: bool = False
     grad_norm_key: str = "grad_norm"
     shared_prompt: bool = False

@@ -24,7 +24,7 @@ from torch import nn
 from verl.utils.dataset.vision_utils import unpad_multi_modal_inputs
 from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
                                 unpack_to_padded, valid_column_span)
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.utils.torch_functional import entropy_for_loss, logprobs_from_logits
 
 __all__ = ["forward_log_probs", "forward_logits", "forward_values", "forward_scores", "token_values"]
 
@@ -51,10 +51,8 @@ def accepts_logits_to_keep(module: nn.Module) -> bool:
     return callable(base) and base() is not module and accepts_logits_to_keep(base())
 
 
-def _entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
-    if not with_grad:
-        logits = logits.detach()
-    return entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
+def _entropy(logits: torch.Tensor, with_grad) -> torch.Tensor:
+    return entropy_for_loss(logits, with_grad)
 
 
 def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, calculate_entropy: bool = False,

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from verl.utils.dataset.vision_utils import MM_KEYS
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.utils.torch_functional import entropy_for_loss, logprobs_from_logits
 from verl.workers.engine.hf_forward import accepts_logits_to_keep
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "unsupported_reason", "pack_pairs",
@@ -300,6 +300,6 @@ def _packed_forward(module: nn.Module, micro, packed: PackedGroups, temperature:
     log_probs = torch.where(packed.valid, logprobs_from_logits(picked, micro["responses"]), 0.0)
     entropy = None
     if calculate_entropy:
-        e = entropy_from_logits((picked if entropy_grad else picked.detach()).float())
+        e = entropy_for_loss(picked, entropy_grad)
         entropy = torch.where(packed.valid, e, 0.0)
     return entropy, (log_probs if log_probs.dtype == torch.float64 else log_probs.float())

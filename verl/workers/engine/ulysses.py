@@ -23,7 +23,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from verl.utils.padding import pack_batch, unpack_to_padded
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.utils.torch_functional import entropy_for_loss, logprobs_from_logits
 from verl.utils.ulysses import gather_seq, head_to_seq, seq_to_head, slice_seq
 from verl.workers.engine.hf_forward import token_values
 
@@ -123,8 +123,7 @@ def sp_forward_log_probs(module: nn.Module, micro_batch, group, temperature: flo
     log_probs = _to_response(logprobs_from_logits(logits, labels), meta, batch, seqlen, response_length, group)
     entropy = None
     if calculate_entropy:
-        ent_logits = logits if entropy_grad else logits.detach()
-        ent = entropy_from_logits(ent_logits.float())
+        ent = entropy_for_loss(logits, entropy_grad)
         entropy = _to_response(ent, meta, batch, seqlen, response_length, group)
     return entropy, log_probs.float()
 
