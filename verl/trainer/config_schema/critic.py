@@ -6,11 +6,10 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N
-from verl.trainer.config_schema.engine import (DTYPES, HOST_ALREADY, NO_ULYSSES, STRATEGIES, CheckpointConfig,
-                                               CriticOptimConfig, FollowingMegatronConfig, FSDPConfig, WrapPolicy)
-from verl.trainer.config_schema.places import (BATCH_SIZES, FSDP, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER,
-                                               WORKERS)
-from verl.trainer.config_schema.spec import Section, key, section
+from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
+                                               FollowingMegatronConfig, FSDPConfig)
+from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
+from verl.trainer.config_schema.spec import Section, key, picked, section
 
 EXTERNAL_LIB = "custom model classes are imported from actor_rollout_ref.model.external_lib; set that instead"
 NO_CRITIC_LORA = "the critic trains all its parameters here (LoRA on the critic is not available); leave the default"
@@ -82,21 +81,16 @@ class CriticConfig(Section):
 
 
 @dataclass(frozen=True)
-class RMFSDPConfig(Section):
-    """``reward_model.model.fsdp_config``: the reward model runs forward-only in the same FSDP2 engine as the policy,
-    sharded over the reward model's processes."""
-
-    wrap_policy: WrapPolicy = section(WrapPolicy)
-    param_offload: bool = key(False, "keep parameters in host memory between scoring calls", read_in=(WORKERS,),
-                              cpu=HOST_ALREADY)
-    reshard_after_forward: bool = key(True, "free gathered parameters after each layer's forward", read_in=(FSDP,))
-    fsdp_size: int = key(-1, "ranks per FSDP shard group (HSDP when it divides the world size)", ge=1, also=(-1,),
-                         also_doc="all ranks", read_in=(WORKERS, FSDP))
-    forward_prefetch: bool = key(False, "FSDP1 forward prefetch",
-                                 unsupported="prefetching is not configurable in the FSDP2 engine here; leave false")
+class _RMOnlyFSDPKeys(Section):
     seed: Optional[int] = key(None, "seed before loading (default 42)", ge=0, read_in=(WORKERS,), optional=True)
     model_dtype: Optional[str] = key(None, "dtype the RM is loaded in (default fp32)", choices=DTYPES,
                                      read_in=(WORKERS,), optional=True)
+
+
+# reward_model.model.fsdp_config: the reward model runs forward-only in the same FSDP2 engine as the policy, sharded
+# over the reward model's processes; its yaml carries these of the shared fsdp_config keys
+RMFSDPConfig = picked(FSDPConfig, ("wrap_policy", "param_offload", "reshard_after_forward", "fsdp_size",
+                                   "forward_prefetch"), "RMFSDPConfig", _RMOnlyFSDPKeys)
 
 
 @dataclass(frozen=True)

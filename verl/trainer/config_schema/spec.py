@@ -107,6 +107,23 @@ def following(cls: type, source: str, name: str) -> type:
     return new
 
 
+def picked(cls: type, names: tuple, name: str, base: type) -> type:
+    """A section with the keys ``names`` of ``cls`` (same defaults, docs and status) on top of ``base``'s own
+    keys, for a yaml section that carries only some of a shared section's keys (the reward model's fsdp_config)."""
+    fields = []
+    for f in dataclasses.fields(cls):
+        if f.name not in names:
+            continue
+        if "section" in f.metadata:
+            fields.append((f.name, f.type, section(f.metadata["section"], f.metadata.get("optional", False))))
+        else:
+            default, doc, meta = f.metadata["key"]
+            fields.append((f.name, f.type, key(default, doc, **meta)))
+    new = dataclasses.make_dataclass(name, fields, bases=(base,), frozen=True)
+    new.__module__ = cls.__module__  # the field annotations resolve in the original's module
+    return new
+
+
 _KIND_TEXT = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
               dict: "a mapping"}
 
