@@ -41,3 +41,22 @@ def test_joining_a_cluster_sends_the_variables_in_the_runtime_env(config, monkey
     assert env["NCCL_DEBUG"] == "INFO"  # the user's own value wins over the default
     assert env["VLLM_LOGGING_LEVEL"] == main_ppo._WORKER_ENV_DEFAULTS["VLLM_LOGGING_LEVEL"]
     assert "num_cpus" not in kwargs  # a running cluster keeps its own resources
+
+
+def test_workers_of_a_local_ray_see_the_variables_and_the_caller_keeps_its_environment(config, monkeypatch):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    config.ray_init.num_cpus = 1
+    main_ppo.init_ray(config, None)
+    try:
+        @ray.remote(num_cpus=0)
+        def worker_env():
+            return {k: os.environ.get(k) for k in ("VLLM_LOGGING_LEVEL", "TOKENIZERS_PARALLELISM")}
+
+        assert ray.get(worker_env.remote()) == {"VLLM_LOGGING_LEVEL": "WARN", "TOKENIZERS_PARALLELISM": "true"}
+    finally:
+        ray.shutdown()
+    assert "VLLM_LOGGING_LEVEL" not in os.environ and os.environ["TOKENIZERS_PARALLELISM"] == "false"

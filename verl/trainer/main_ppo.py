@@ -114,7 +114,7 @@ def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "coloca
     plan = validate_or_exit(config)
     absolutize_local_paths(config)
     if not ray.is_initialized():
-        ray.init(**ray_init_kwargs(config, plan))
+        init_ray(config, plan)
     args = ()
     if task_runner_class is None or isinstance(task_runner_class, str):
         args = (task_runner_class or DEFAULT_TASK_RUNNER,)
@@ -166,7 +166,21 @@ def absolutize_local_paths(config: DictConfig) -> None:
     os.environ.setdefault("VERL_FILE_LOGGER_ROOT", os.getcwd())
 
 
-def ray_init_kwargs(config: DictConfig, plan: PPOPlan) -> dict:
+def init_ray(config: DictConfig, plan: PPOPlan | None) -> None:
+    """``ray.init(**ray_init_kwargs(...))``. The worker variables put into this process's environment for a local
+    Ray to inherit are restored once it runs, so a script that calls the trainer keeps its own environment."""
+    before = {k: os.environ.get(k) for k in _WORKER_ENV_DEFAULTS}
+    try:
+        ray.init(**ray_init_kwargs(config, plan))
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     env = dict(_WORKER_ENV_DEFAULTS)
     env.update({k: os.environ[k] for k in _WORKER_ENV_PASSTHROUGH if k in os.environ})

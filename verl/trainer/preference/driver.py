@@ -27,7 +27,7 @@ from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from verl.single_controller.ray.base import ResourcePoolManager
 from verl.trainer.host_defaults import foreground_ray_workers
-from verl.trainer.main_ppo import absolutize_local_paths, ray_init_kwargs
+from verl.trainer.main_ppo import absolutize_local_paths, init_ray
 from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step_folder
 from verl.trainer.ppo.utils import Role
 from verl.trainer.preference.dataset import PreferenceDataError, PreferenceDataset
@@ -81,7 +81,7 @@ class RecipeDriver:
         if not ray.is_initialized():
             if resolve_device(self.config.trainer.get("device", "auto")) == "cpu":
                 foreground_ray_workers()
-            ray.init(**ray_init_kwargs(self.config, None))
+            init_ray(self.config, None)
 
     def spawn(self, name: str, worker_cls, **init_kwargs) -> RayWorkerGroup:
         """One worker group of ``trainer.n_gpus_per_node`` x ``trainer.nnodes`` processes running ``worker_cls``."""
