@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
+from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
 from verl.utils.config import cfg_get
 from verl.utils.dataset.dataloader import make_random_sampler, make_sequential_sampler
 from verl.utils.dataset.vision_utils import decode_image, mrope_position_ids, pad_multi_modal_inputs
@@ -221,8 +222,6 @@ class RLHFDataset(Dataset):
         """The schemas the tool agent renders prompts with (``data.tool_config_path``), or None."""
         if not self.tool_config_path:
             return None
-        from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
-
         return tool_schemas(initialize_tools_from_config(self.tool_config_path, "data.tool_config_path")) or None
 
     def _prompt_lengths(self, start: int, stop: int, tools: list[dict] | None) -> list[int]:
