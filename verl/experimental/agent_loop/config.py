@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from verl.interactions.utils.interaction_registry import InteractionConfigError, check_interaction_config
-from verl.tools.utils.tool_registry import ToolConfigError, get_tool_class, load_tool_config
+from verl.tools.utils.tool_registry import ToolConfigError, check_tool_config
 from verl.utils.config import ConfigError
 from verl.utils.config import cfg_get
 
@@ -84,8 +84,7 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
         raise ConfigError(str(exc)) from None
     if tool_path:
         try:
-            for i, entry in enumerate(load_tool_config(str(tool_path))):
-                get_tool_class(entry["class_name"], f"{AR}.multi_turn.tool_config_path={tool_path}: tools[{i}] ")
+            check_tool_config(tool_path)
         except ToolConfigError as exc:
             raise ConfigError(str(exc)) from None
     if interaction_path:

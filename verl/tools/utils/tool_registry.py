@@ -24,7 +24,8 @@ from pydantic import ValidationError
 from ..base_tool import BaseTool
 from ..schemas import OpenAIFunctionToolSchema
 
-__all__ = ["ToolConfigError", "load_tool_config", "initialize_tools_from_config", "get_tool_class"]
+__all__ = ["ToolConfigError", "load_tool_config", "check_tool_config", "initialize_tools_from_config",
+           "get_tool_class"]
 
 TOOL_CONFIG_KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 
@@ -88,6 +89,13 @@ def get_tool_class(class_name: str, where: str = "") -> type:
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
         raise ToolConfigError(f"{where}class_name={class_name}: {attr} is not a BaseTool subclass in {module_name}")
     return cls
+
+
+def check_tool_config(path: str, key: str = TOOL_CONFIG_KEY) -> None:
+    """Load the file and import every tool class without building any (the driver's check before workers start);
+    errors name ``key``."""
+    for i, entry in enumerate(load_tool_config(str(path), key)):
+        get_tool_class(entry["class_name"], f"{key}={path}: tools[{i}] ")
 
 
 def initialize_tools_from_config(tools_config_file: Optional[str], key: str = TOOL_CONFIG_KEY) -> list[BaseTool]:

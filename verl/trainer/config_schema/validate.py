@@ -30,7 +30,7 @@ from verl.trainer.config_schema.megatron import check_megatron_config
 from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, choices_message
 from verl.trainer.host_defaults import OLD_LOG_PROB_KEY, old_log_prob_update_blocker
-from verl.tools.utils.tool_registry import ToolConfigError, get_tool_class, load_tool_config
+from verl.tools.utils.tool_registry import ToolConfigError, check_tool_config
 from verl.trainer.ppo import core_algos
 from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
 from verl.utils.config import ConfigError, unresolved_value
@@ -333,8 +333,7 @@ def _check_data_tool_config(config: DictConfig) -> None:
     if not path or path == _get(config, f"{AR}.rollout.multi_turn.tool_config_path"):
         return
     try:
-        for i, entry in enumerate(load_tool_config(str(path), "data.tool_config_path")):
-            get_tool_class(entry["class_name"], f"data.tool_config_path={path}: tools[{i}] ")
+        check_tool_config(path, "data.tool_config_path")
     except ToolConfigError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -38,28 +38,27 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_s
     if tp > 1:
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
     shifted = logits - m.unsqueeze(-1)
-    lse = reduce_tp(shifted.exp().sum(dim=-1)).log()
+    exp = shifted.exp()
+    lse = reduce_tp(exp.sum(dim=-1)).log()
     target = labels - start
     in_range = (target >= 0) & (target < local)
     picked = shifted.gather(-1, target.clamp(0, local - 1).unsqueeze(-1)).squeeze(-1) * in_range
     log_probs = reduce_tp(picked) - lse
     entropy = None
     if with_entropy:
-        # H = log Z - sum_v e^{s_v} s_v / Z, with both vocabulary sums reduced over the tensor ranks *before* they
-        # are combined: every term after a reduction is then the same on every rank, which is what the
-        # reduction's identity backward assumes (normalising the local probabilities by the reduced Z first
-        # drops the other ranks' share of the gradient through Z)
-        def tp_entropy(s):
-            e = s.exp()
-            z = reduce_tp(e.sum(dim=-1))
-            return z.log() - reduce_tp((e * s).sum(dim=-1)) / z
+        # H = lse - sum_v e^{s_v} s_v / e^{lse}: the vocabulary sum is reduced over the tensor ranks *before* it is
+        # combined with lse, so every term after a reduction is the same on every rank, which is what the
+        # reduction's identity backward assumes (normalising the local probabilities by the reduced sum first
+        # drops the other ranks' share of the gradient through it)
+        def tp_entropy(s, e, l_):
+            return l_ - reduce_tp((e * s).sum(dim=-1)) / l_.exp()
 
         if not entropy_grad:
-            entropy = tp_entropy(shifted.detach())
+            entropy = tp_entropy(shifted.detach(), exp.detach(), lse.detach())
         elif entropy_grad == "checkpoint" and torch.is_grad_enabled() and shifted.requires_grad:
-            # actor.entropy_checkpointing: the exponentials are recomputed in backward instead of kept
-            entropy = torch.utils.checkpoint.checkpoint(tp_entropy, shifted, use_reentrant=False,
-                                                        preserve_rng_state=False)
+            # actor.entropy_checkpointing: the products over the vocabulary are recomputed in backward, not kept
+            entropy = torch.utils.checkpoint.checkpoint(lambda s, l_: tp_entropy(s, s.exp(), l_), shifted, lse,
+                                                        use_reentrant=False, preserve_rng_state=False)
         else:
-            entropy = tp_entropy(shifted)
+            entropy = tp_entropy(shifted, exp, lse)
     return log_probs, entropy

@@ -51,10 +51,6 @@ def accepts_logits_to_keep(module: nn.Module) -> bool:
     return callable(base) and base() is not module and accepts_logits_to_keep(base())
 
 
-def _entropy(logits: torch.Tensor, with_grad) -> torch.Tensor:
-    return entropy_for_loss(logits, with_grad)
-
-
 def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, calculate_entropy: bool = False,
                       use_remove_padding: bool = False, entropy_grad: bool = True):
     """Log-probs (and entropies) of the response tokens of one micro-batch: returns ``(entropy, log_probs)``.
@@ -79,7 +75,7 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
         log_probs = unpack_to_padded(logprobs_from_logits(logits, labels), indices, batch, seqlen)
         log_probs = log_probs[:, -response_length - 1 : -1]
         if calculate_entropy:
-            ent = _entropy(logits, entropy_grad)
+            ent = entropy_for_loss(logits, entropy_grad)
             entropy = unpack_to_padded(ent, indices, batch, seqlen)[:, -response_length - 1 : -1]
     else:
         lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
@@ -94,7 +90,7 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
         log_probs = place_response_window(logprobs_from_logits(logits, input_ids[:, s + 1 : e + 1]),
                                           response_length, first)
         if calculate_entropy:
-            ent = _entropy(logits, entropy_grad)
+            ent = entropy_for_loss(logits, entropy_grad)
             entropy = place_response_window(ent, response_length, first)
     return entropy, log_probs.float()
 
