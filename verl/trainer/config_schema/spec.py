@@ -98,30 +98,28 @@ def section(cls: type, optional: bool = False) -> Any:
 def following(cls: type, source: str, name: str) -> type:
     """A copy of the flat section ``cls`` whose every key follows the same key under ``source`` (the yaml writes
     ``${oc.select:<source>.<key>,<default>}``), e.g. the reference's megatron keys following the actor's."""
-    fields = []
-    for f in dataclasses.fields(cls):
-        default, doc, meta = f.metadata["key"]
-        fields.append((f.name, f.type, key(default, doc, **dict(meta, follows=f"{source}.{f.name}"))))
-    new = dataclasses.make_dataclass(name, fields, bases=(Section,), frozen=True)
-    new.__module__ = cls.__module__  # the field annotations resolve in the original's module
+    fields = [_copied(f, follows=f"{source}.{f.name}") for f in dataclasses.fields(cls)]
+    return _section_class(name, fields, Section, cls)
+
+
+def _copied(f: dataclasses.Field, **meta_changes) -> tuple:
+    """``(name, type, field)`` of a key or section field of another section, with ``meta_changes`` applied."""
+    if "section" in f.metadata:
+        return f.name, f.type, section(f.metadata["section"], f.metadata.get("optional", False))
+    default, doc, meta = f.metadata["key"]
+    return f.name, f.type, key(default, doc, **dict(meta, **meta_changes))
+
+
+def _section_class(name: str, fields: list, base: type, like: type) -> type:
+    new = dataclasses.make_dataclass(name, fields, bases=(base,), frozen=True)
+    new.__module__ = like.__module__  # the field annotations resolve in the original's module
     return new
 
 
 def picked(cls: type, names: tuple, name: str, base: type) -> type:
     """A section with the keys ``names`` of ``cls`` (same defaults, docs and status) on top of ``base``'s own
     keys, for a yaml section that carries only some of a shared section's keys (the reward model's fsdp_config)."""
-    fields = []
-    for f in dataclasses.fields(cls):
-        if f.name not in names:
-            continue
-        if "section" in f.metadata:
-            fields.append((f.name, f.type, section(f.metadata["section"], f.metadata.get("optional", False))))
-        else:
-            default, doc, meta = f.metadata["key"]
-            fields.append((f.name, f.type, key(default, doc, **meta)))
-    new = dataclasses.make_dataclass(name, fields, bases=(base,), frozen=True)
-    new.__module__ = cls.__module__  # the field annotations resolve in the original's module
-    return new
+    return _section_class(name, [_copied(f) for f in dataclasses.fields(cls) if f.name in names], base, cls)
 
 
 _KIND_TEXT = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
