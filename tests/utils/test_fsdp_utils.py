@@ -252,3 +252,36 @@ def test_full_weights_of_a_one_rank_fsdp2_model_skip_the_gather(tmp_path):
     assert list(res["got"]) == list(res["ref"])
     for k, v in res["ref"].items():
         assert torch.equal(res["got"][k], v), k
+
+
+def _bucket_gather_worker(rank, world, out_dir):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from verl.utils.fsdp_utils import _full_in_buckets
+
+    mesh = init_device_mesh("cpu", (world,))
+    gen = torch.Generator().manual_seed(0)  # same values on every rank
+    shapes = [(4, 3), (1, 5), (259, 16), (7,), (2, 2, 3), (5, 4)]
+    dtypes = [torch.float32, torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.float32]
+    items = []
+    for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        items.append((f"s{i}", distribute_tensor(torch.randn(shape, generator=gen).to(dtype), mesh, [Shard(0)])))
+    items.insert(3, ("rep", distribute_tensor(torch.randn(3, 3, generator=gen), mesh, [Replicate()])))
+    items.insert(5, ("plain", torch.randn(2, generator=gen)))
+    expect = [(n, t.full_tensor() if hasattr(t, "full_tensor") else t) for n, t in items]
+    for bucket_bytes in (1 << 30, 64, 0):  # one collective for all / a new bucket for almost every / every tensor
+        got = list(_full_in_buckets(items, bucket_bytes))
+        assert [n for n, _ in got] == [n for n, _ in expect]
+        for (name, a), (_, b) in zip(got, expect):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (name, bucket_bytes)
+            assert not hasattr(a, "full_tensor"), name  # plain tensors out
+    open(f"{out_dir}/ok_{rank}", "w").close()
+
+
+@pytest.mark.e2e
+def test_full_weights_are_gathered_in_buckets_equal_to_full_tensor(tmp_path):
+    """Three ranks: uneven row splits (4 rows -> 2, 2, 0), a one-row tensor, bf16 next to fp32 (separate buckets),
+    1-D and 3-D tensors, replicated and plain tensors in between (they end the bucket before them)."""
+    run_distributed(_bucket_gather_worker, 3, str(tmp_path), err_dir=str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["ok_0", "ok_1", "ok_2"]

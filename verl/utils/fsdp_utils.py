@@ -310,23 +310,106 @@ def hf_name(key: str) -> str | None:
     return key.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
 
 
-def iter_full_state_dict(model: nn.Module, dtype: torch.dtype | None = None, device: str | torch.device | None = "cpu"
-                         ) -> Iterator[tuple[str, torch.Tensor]]:
+# full weights of a sharded model are gathered in buckets of at most this many bytes (one collective per bucket)
+GATHER_BUCKET_BYTES = 256 << 20
+
+
+def _dim0_shard_group(t: torch.Tensor):
+    """The process group a DTensor is split over when it is FSDP2's layout -- rows (dim 0) sharded along one mesh
+    dimension, replicated along any other -- and that group's backend can move the local piece; else None."""
+    if not isinstance(t, DTensor):
+        return None
+    sharded = [i for i, p in enumerate(t.placements) if not p.is_replicate()]
+    if len(sharded) != 1 or not (t.placements[sharded[0]].is_shard() and t.placements[sharded[0]].dim == 0):
+        return None
+    group = t.device_mesh.get_group(sharded[0])
+    if (dist.get_backend(group) == "gloo") != (t.to_local().device.type == "cpu"):
+        return None
+    return group
+
+
+def _gather_rows(tensors: list[DTensor], group) -> list[torch.Tensor]:
+    """Full copies of row-sharded DTensors (same dtype, device and group) from one ``all_gather_into_tensor``.
+
+    Rank r holds rows ``[r*c, min((r+1)*c, n))`` with ``c = ceil(n / world)`` (``torch.chunk``'s split, which FSDP2
+    uses); each rank sends every tensor padded to ``c`` rows, and the rows past ``n`` are dropped on the way out.
+    """
+    world = dist.get_world_size(group)
+    local = [t.to_local() for t in tensors]
+    spans = []  # (rows per rank, elements per row)
+    for t in tensors:
+        rows = -(-t.shape[0] // world)
+        spans.append((rows, math.prod(t.shape[1:])))
+    width = sum(rows * row for rows, row in spans)
+    send = torch.zeros(width, dtype=local[0].dtype, device=local[0].device)
+    offset = 0
+    for piece, (rows, row) in zip(local, spans):
+        send[offset: offset + piece.numel()] = piece.reshape(-1)
+        offset += rows * row
+    recv = torch.empty(world * width, dtype=send.dtype, device=send.device)
+    dist.all_gather_into_tensor(recv, send, group=group)
+    recv = recv.view(world, width)
+    out, offset = [], 0
+    for t, (rows, row) in zip(tensors, spans):
+        block = recv[:, offset: offset + rows * row].reshape(world * rows, *t.shape[1:])
+        out.append(block[: t.shape[0]])  # the reshape of a column slice is already a copy
+        offset += rows * row
+    return out
+
+
+def _full_in_buckets(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = GATHER_BUCKET_BYTES
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(key, full tensor)`` in the order given; FSDP2-sharded tensors are gathered a bucket at a time (one
+    collective per bucket instead of one ``full_tensor()`` per tensor: ~50 -> ~6 ms for a 4-layer model on two
+    CPU ranks), everything else as :func:`_full` does. Every rank of the mesh must iterate in step."""
+    bucket: list[tuple[str, DTensor]] = []
+    size, key_of_bucket = 0, None
+
+    def flush():
+        nonlocal bucket, size
+        full = _gather_rows([t for _, t in bucket], key_of_bucket[0]) if bucket else []
+        done = [(name, tensor) for (name, _), tensor in zip(bucket, full)]
+        bucket, size = [], 0
+        return done
+
+    for name, value in items:
+        group = _dim0_shard_group(value)
+        if group is None or dist.get_world_size(group) == 1:  # decided from global facts: the same on every rank
+            yield from flush()
+            yield name, _full(value)
+            continue
+        key = (group, value.dtype, value.to_local().device)
+        nbytes = value.numel() * value.element_size()
+        if bucket and (key != key_of_bucket or size + nbytes > bucket_bytes):
+            yield from flush()
+        key_of_bucket = key
+        bucket.append((name, value))
+        size += nbytes
+    yield from flush()
+
+
+def iter_full_state_dict(model: nn.Module, dtype: torch.dtype | None = None, device: str | torch.device | None = "cpu",
+                         bucket_bytes: int = GATHER_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full_tensor)`` one parameter/buffer at a time, in state-dict order.
 
-    Sharded DTensors are gathered with ``full_tensor()`` (a collective: every rank of the mesh must iterate in
-    step). For a peft LoRA model the adapters are merged into their base weights (W + scaling * B A) and the
-    names are the base model's HF names. Tied weights (``lm_head.weight`` tied to the embeddings) are yielded
-    under both names. Tensors are detached, on ``device`` (None: where they are) and cast to ``dtype`` if given.
+    Sharded DTensors are gathered a bucket at a time (at most ``bucket_bytes`` of full tensors at once; 0: one
+    tensor at a time; a collective: every rank of the mesh must iterate in step). For a peft LoRA model the adapters are
+    merged into their base weights (W + scaling * B A) one tensor at a time and the names are the base model's HF
+    names. Tied weights (``lm_head.weight`` tied to the embeddings) are yielded under both names. Tensors are
+    detached, on ``device`` (None: where they are) and cast to ``dtype`` if given.
     """
     peft = is_peft_model(model)
     lora = _lora_layers(model) if peft else {}
     with torch.no_grad():
-        for key, value in model.state_dict().items():
+        items = model.state_dict().items()
+        if peft:
+            items = ((key, value) for key, value in items if hf_name(key) is not None)
+            stream = ((key, _full(value)) for key, value in items)
+        else:
+            stream = _full_in_buckets(items, bucket_bytes)
+        for key, full in stream:
             name = hf_name(key) if peft else key
-            if name is None:
-                continue
-            full = _full(value).detach()
+            full = full.detach()
             if peft and key.endswith(".base_layer.weight"):
                 layer = lora.get(key[: -len(".base_layer.weight")])
                 delta = _lora_delta(layer) if layer is not None else None

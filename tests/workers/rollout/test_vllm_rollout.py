@@ -285,6 +285,65 @@ def test_update_weights_changes_engine(engine, tokenizer, hf_model, model_dir):
                           out.batch["attention_mask"][:, -R:]) <= 1e-4
     rollout.release_cache()  # CPU: no-ops, must not break generation
     rollout.resume()
+    assert rollout.push_path == "direct"  # CPU, unquantized, no LoRA: the model's own loader + re-packing
+
+
+def test_direct_push_equals_vllm_reload(engine, tokenizer, hf_model, model_dir):
+    """The direct CPU push and vLLM's layer-wise reload leave the engine computing the same log-probs, bitwise,
+    and a second direct push after different weights is not left with the previous weights' GEMM handles."""
+    from transformers import AutoModelForCausalLM
+
+    rollout = engine["rollout"]
+    assert rollout.push_path == "direct"
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    prompts = make_prompts(tokenizer)
+    got = {}
+    for path in ("direct", "reload"):
+        rollout.push_path = path
+        rollout.update_weights(hf_model.state_dict().items())  # something else first: the handles must follow
+        rollout.update_weights(new.state_dict().items())
+        out = generate(rollout, prompts, n=1, do_sample=False)  # greedy: the same tokens unless the logits differ
+        got[path] = (out.batch["responses"], out.batch["rollout_log_probs"])
+    # the rest of the module runs on the original weights, through vLLM's reload (the tie of the output layer
+    # to the embedding is not kept by that reload; the direct path is never used after it in a real run)
+    rollout.update_weights(hf_model.state_dict().items())
+    assert torch.equal(got["direct"][0], got["reload"][0])
+    assert torch.equal(got["direct"][1], got["reload"][1])
+    mask = out.batch["attention_mask"][:, -R:]
+    assert masked_max_abs(hf_logprobs(new, out), got["direct"][1], mask) <= 1e-4
+
+
+def test_direct_push_blockers():
+    """Anything but unquantized linear/embedding packing keeps vLLM's general reload, with the reason named."""
+    from verl.workers.rollout.vllm_rollout.direct_load import direct_load_blocker
+
+    class Fp8LinearMethod:
+        pass
+
+    class UnquantizedLinearMethod:
+        pass
+
+    class Mamba(torch.nn.Module):
+        def process_weights_after_loading(self):
+            pass
+
+    quantized = torch.nn.Module()
+    quantized.proj = torch.nn.Linear(2, 2)
+    quantized.proj.quant_method = Fp8LinearMethod()
+    assert "proj uses Fp8LinearMethod" in direct_load_blocker(quantized)
+    packed = torch.nn.Module()
+    packed.proj = torch.nn.Linear(2, 2)
+    packed.proj.quant_method = UnquantizedLinearMethod()
+    assert direct_load_blocker(packed) is None
+    packed.proj.weight = torch.nn.Parameter(torch.empty(0))  # packed, and vLLM recorded no layout for it
+    assert "no recorded weight layout" in direct_load_blocker(packed)
+    own = torch.nn.Module()
+    own.mixer = Mamba()
+    assert "mixer (Mamba) processes its weights" in direct_load_blocker(own)
 
 
 @pytest.mark.e2e

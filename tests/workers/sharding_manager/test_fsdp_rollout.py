@@ -9,7 +9,7 @@ import torch
 from verl.workers.rollout.hf_rollout import HFRollout
 from verl.workers.sharding_manager import FSDPRolloutShardingManager
 from verl.workers.sharding_manager.fsdp_rollout import (SKIP_SYNC_ENV, _fallback_full_state_iter, _lora_scaling,
-                                                        merge_lora_stream)
+                                                        iter_hf_named_tensors, merge_lora_stream)
 
 CFG = dict(name="hf", n=1, temperature=1.0, top_p=1.0, top_k=-1, do_sample=True, response_length=4, dtype="float32")
 
@@ -53,6 +53,18 @@ def test_push_only_when_version_changes(model_dir):
     with manager:
         pass
     assert manager.num_pushes == 2 and _same_weights(actor, rollout.module)
+
+
+def test_layered_summon_gathers_one_parameter_at_a_time(model_dir):
+    actor, rollout = _load(model_dir), HFRollout(CFG, model_dir)
+    bucketed = FSDPRolloutShardingManager(actor, rollout)
+    layered = FSDPRolloutShardingManager(actor, rollout, layered_summon=True)
+    assert layered.full_state_iter.keywords == {"bucket_bytes": 0}
+    assert bucketed.full_state_iter is iter_hf_named_tensors  # default: 256 MB buckets
+    _perturb(actor)
+    with layered:  # same push either way
+        pass
+    assert _same_weights(actor, rollout.module)
 
 
 def test_skip_sync_leaves_engine_stale(model_dir, monkeypatch):

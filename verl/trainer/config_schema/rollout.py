@@ -161,9 +161,9 @@ class RolloutConfig(Section):
                                                   unsupported="quantized rollout is not available; leave it null")
     quantization: Optional[str] = key(None, "quantized rollout (e.g. fp8)",
                                       unsupported="quantized rollout is not available; leave it null")
-    layered_summon: bool = key(False, "gather the actor's weights layer by layer for the push (memory saving); the "
-                                      "push here always gathers one parameter at a time, so both values push the "
-                                      "same weights the same way", read_in=(SHARDING,))
+    layered_summon: bool = key(False, "gather the actor's weights for the push one parameter at a time (least "
+                                      "memory) instead of in 256 MB buckets (fewest collectives)",
+                                      read_in=(SHARDING,))
     trace: TraceConfig = section(TraceConfig)
     multi_turn: MultiTurn = section(MultiTurn)
     agent: AgentConfig = section(AgentConfig)

@@ -9,9 +9,9 @@ Use::
         out = rollout.generate_sequences(prompts)
                                            # on exit: rollout.release_cache()
 
-The push streams the actor's full HF-named tensors *one at a time* (``DTensor.full_tensor()`` per parameter,
-so at most one unsharded parameter exists beyond the engine's own copy) into ``rollout.update_weights``. It is
-a collective: every rank of the actor's mesh must enter the manager together, which the worker's
+The push streams the actor's full HF-named tensors into ``rollout.update_weights``, gathering the shards a
+bucket at a time (one collective per 256 MB of full tensors; with ``layered_summon`` one parameter at a time, so
+at most one unsharded parameter exists beyond the engine's own copy). It is a collective: every rank of the actor's mesh must enter the manager together, which the worker's
 data-parallel dispatch guarantees.
 
 LoRA actors, two ways:
@@ -34,6 +34,7 @@ env ``VERL_DEBUG_SKIP_WEIGHT_SYNC=1`` never pushes weights, leaving the engine s
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -43,7 +44,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.nn as nn
 
-from verl.utils.fsdp_utils import hf_name, is_peft_model, iter_full_state_dict
+from verl.utils.fsdp_utils import GATHER_BUCKET_BYTES, hf_name, is_peft_model, iter_full_state_dict
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.vllm_rollout.lora_adapter import adapter_config_dict, peft_adapter_name
 
@@ -114,9 +115,10 @@ def _lora_scaling(module: nn.Module) -> dict[str, float] | None:
     return {name: float(cfg.lora_alpha) / float(cfg.r) for name, cfg in peft_config.items()}
 
 
-def iter_hf_named_tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream the module's full weights under HF names (LoRA merged), one tensor at a time."""
-    for name, tensor in iter_full_state_dict(module):  # HF names, LoRA already merged
+def iter_hf_named_tensors(module: nn.Module, bucket_bytes: int = GATHER_BUCKET_BYTES
+                          ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream the module's full weights under HF names (LoRA merged), gathered ``bucket_bytes`` at a time."""
+    for name, tensor in iter_full_state_dict(module, bucket_bytes=bucket_bytes):  # HF names, LoRA already merged
         if name.endswith("rotary_emb.inv_freq"):
             continue
         yield name, tensor
@@ -160,9 +162,8 @@ class FSDPRolloutShardingManager(BaseShardingManager):
         lora_merge: LoRA actors: push the merged full model every time instead of the adapter only.
         base_state_iter / adapter_state_iter: optional overrides of the adapter-only streams (``module -> iterator
             of (name, tensor)``; default :func:`iter_base_tensors` / :func:`iter_lora_adapter_tensors`).
-        layered_summon: ``rollout.layered_summon`` (verl: gather the weights layer by layer rather than the whole
-            model at once, to save memory). Every push here already gathers one parameter at a time, so both
-            values push the same tensors the same way; the value is kept as ``self.layered_summon``.
+        layered_summon: ``rollout.layered_summon``: gather one parameter at a time (least memory) instead of
+            256 MB buckets (fewest collectives). Both push the same tensors.
     """
 
     def __init__(self, module: nn.Module, rollout: BaseRollout, *, full_state_iter: Callable | None = None,
@@ -174,7 +175,8 @@ class FSDPRolloutShardingManager(BaseShardingManager):
         self.rollout = rollout
         self.device_mesh = device_mesh
         self.offload_param = offload_param
-        self.full_state_iter = full_state_iter or iter_hf_named_tensors
+        self.full_state_iter = full_state_iter or (
+            functools.partial(iter_hf_named_tensors, bucket_bytes=0) if self.layered_summon else iter_hf_named_tensors)
         if skip_weight_sync is None:
             skip_weight_sync = os.environ.get(SKIP_SYNC_ENV, "0").lower() in ("1", "true", "yes")
         self.skip_weight_sync = skip_weight_sync

@@ -46,6 +46,7 @@ from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, p
 from ..async_server import TokenOutput
 from ..base import BaseRollout
 from ..utils import eos_id_list, resolve_torch_dtype, sampling_params_for
+from .direct_load import direct_load, direct_load_blocker
 from .lora_adapter import default_adapter_root, vllm_max_lora_rank, write_adapter_dir
 
 __all__ = ["vLLMRollout", "build_engine_kwargs", "prompt_token_id_lists"]
@@ -221,6 +222,7 @@ class vLLMRollout(BaseRollout):
         self.eos_token_id = eos
         self.pad_token_id = pad if pad is not None else (eos_id_list(eos) or [0])[0]
         self.last_update_stats: dict[str, float] = {}
+        self.push_path: str | None = None  # "direct" or "reload", fixed at the first push (see update_weights)
 
     # ------------------------------------------------------------------------------------------ weights
     def _engine_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -251,13 +253,35 @@ class vLLMRollout(BaseRollout):
             yield "lm_head.weight", embed
         self.last_update_stats = {"num_tensors": float(count), "num_bytes": float(nbytes)}
 
+    def _choose_push_path(self) -> str:
+        """``direct`` (the model's own loader + the CPU GEMM re-packing, see ``direct_load``) for an unquantized
+        model on the CPU engine without LoRA wrappers; ``reload`` (vLLM's layer-wise in-place reload) otherwise."""
+        if not self.on_cpu:
+            blocker = "the engine is not on CPU"
+        elif self.serves_lora:
+            blocker = "the engine serves a LoRA adapter"
+        else:
+            blocker = self.llm.apply_model(direct_load_blocker)[0]
+        logger.info("vLLM weight push: %s", "direct load into the CPU engine" if blocker is None
+                    else f"vLLM's layer-wise reload ({blocker})")
+        return "direct" if blocker is None else "reload"
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights in place (``reload_weights`` re-runs vLLM's post-load weight processing, e.g.
-        the CPU kernels' repacking), then drop the prefix cache, whose KV entries belong to the old weights."""
+        """Load new weights in place, then drop the prefix cache, whose KV entries belong to the old weights.
+
+        On CPU with an unquantized model the weights go through the model's own loader and each layer's GEMM
+        packing is redone (``direct_load``); otherwise vLLM's ``reload_weights`` re-runs its general post-load
+        processing layer by layer. Both leave the engine as a fresh engine built from the same weights."""
         start = time.perf_counter()
+        if self.push_path is None:
+            self.push_path = self._choose_push_path()
+        stream = self._engine_stream(named_tensors)
         # vLLM warns about the (computed, never loaded) rotary cache and logs two info lines per push
         with quiet_rotary_reload_warning(), quiet_push_info_logs():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._engine_stream(named_tensors)})
+            if self.push_path == "direct":
+                self.llm.apply_model(lambda model: direct_load(model, stream))
+            else:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
             self.llm.reset_prefix_cache()
         self.last_update_stats["seconds"] = time.perf_counter() - start
 
