@@ -297,6 +297,42 @@ def test_pickle_round_trip_and_views_are_compacted():
     assert torch.equal(pickle.loads(pickle.dumps(half)).batch["x"], big.batch["x"][:500])
 
 
+def test_pickle_keeps_every_dtype_views_nested_keys_and_old_pickles():
+    """Dense leaves travel as numpy arrays (raw bytes for dtypes numpy lacks), bit-exact; out-of-band buffers
+    (what Ray hands over: read-only) give writable tensors; nested tensors and pickles of the torch-serialized
+    format still load."""
+
+    from verl._protocol.serialization import batch_from_state, batch_to_bytes, batch_to_state
+
+    n = 4
+    tensors = {"f32": torch.randn(n, 3), "bf16": torch.randn(n, 3).bfloat16(), "i64": torch.arange(n * 2).view(n, 2),
+               "bool": torch.rand(n, 5) > 0.5, "u8": torch.randint(0, 255, (n,), dtype=torch.uint8),
+               "t": torch.randn(3, n).t(),  # not contiguous
+               "f8": torch.randn(n, 2).to(torch.float8_e4m3fn)}
+    d = DataProto.from_dict(tensors)
+    d.batch["inner"] = TensorDict({"x": torch.randn(n, 2)}, batch_size=[n])
+    state = batch_to_state(d.batch)
+    assert isinstance(state, dict) and isinstance(state["arrays"]["f32"], np.ndarray)
+    assert isinstance(state["arrays"]["bf16"], tuple)  # no numpy bfloat16: raw bytes + dtype + shape
+    buffers = []
+    wire = pickle.dumps(d, protocol=5, buffer_callback=buffers.append)
+    assert buffers  # arrays went out of band
+    back = pickle.loads(wire, buffers=[bytes(b.raw()) for b in buffers])  # read-only memory, as from Ray
+    for key, t in tensors.items():
+        got = back.batch[key]
+        assert got.dtype == t.dtype and got.shape == t.shape
+        assert torch.equal(got.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else got,
+                           t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t), key
+    assert torch.equal(back.batch["inner", "x"], d.batch["inner", "x"])
+    back.batch["f32"].add_(1.0)  # writable
+    assert torch.equal(back.batch["f32"], tensors["f32"] + 1.0)
+    nested = TensorDict({"j": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, batch_size=[2])
+    assert "tensordict" in batch_to_state(nested)  # the general encoding for what numpy cannot hold
+    assert torch.equal(batch_from_state(batch_to_state(nested))["j"].unbind()[1], torch.ones(3))
+    old = batch_from_state(batch_to_bytes(d.batch))  # the format older pickles carry
+    assert torch.equal(old["bf16"], tensors["bf16"])
+
+
 def test_save_load_atomic(tmp_path):
     d = make(4, meta={"nested": {"k": (1, 2)}})
     path = tmp_path / "sub" / "data.pkl"

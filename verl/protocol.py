@@ -44,7 +44,9 @@ from verl._protocol.padding import fold_batch_dim, pad_dataproto_to_divisor, unf
 from verl._protocol.serialization import _compact, _load_location  # noqa: F401
 from verl._protocol.serialization import (
     batch_from_bytes,
+    batch_from_state,
     batch_to_bytes,
+    batch_to_state,
     deserialize_single_tensor,
     deserialize_tensordict,
     pickle_atomically,
@@ -517,11 +519,11 @@ class DataProto:
     # ------------------------------------------------------------------------------- serialization
     # The byte format lives in verl._protocol.serialization; these methods are the pickle / disk entry points.
     def __getstate__(self):
-        return batch_to_bytes(self.batch), self.non_tensor_batch, self.meta_info
+        return batch_to_state(self.batch), self.non_tensor_batch, self.meta_info
 
     def __setstate__(self, data):
         batch_state, non_tensor_batch, meta_info = data
-        self.batch, self.non_tensor_batch, self.meta_info = batch_from_bytes(batch_state), non_tensor_batch, meta_info
+        self.batch, self.non_tensor_batch, self.meta_info = batch_from_state(batch_state), non_tensor_batch, meta_info
 
     def save_to_disk(self, filepath) -> None:
         """Pickle to ``filepath`` atomically (a reader never sees a half-written file)."""

@@ -1,7 +1,12 @@
 """How a DataProto is pickled and written to disk (used by ``DataProto.__getstate__`` and friends).
 
-Tensors go through torch serialization (raw storage bytes, no per-element pickling); views are compacted
-first so a chunk does not drag its parent's whole storage along. Non-tensors and meta_info are pickled as is.
+Dense tensors travel as numpy arrays (:func:`batch_to_state`): pickle protocol 5 ships their bytes as they are,
+and Ray's serializer passes them out of band, with no torch serialization pass (~0.07 ms instead of ~0.45 ms
+each way for a 128-row batch of eleven fields). A view ships only its own elements. Dtypes numpy lacks (bf16,
+float8) travel as raw bytes plus (dtype, shape). A batch holding anything else (nested tensors, non-tensor
+entries) goes through :func:`serialize_tensordict`; pickles written before this format hold
+:func:`batch_to_bytes`'s torch serialization. :func:`batch_from_state` reads all three. Non-tensors and
+meta_info are pickled as is.
 """
 
 from __future__ import annotations
@@ -54,6 +59,58 @@ def batch_to_bytes(batch: TensorDict | None) -> bytes | None:
                 "device": None if batch.device is None else str(batch.device)},
                buffer, _use_new_zipfile_serialization=False)  # legacy format: no zip pass, ~raw speed
     return buffer.getvalue()
+
+
+def _array(t: torch.Tensor):
+    """A dense tensor as a numpy array over its CPU elements, or ``(dtype, shape, uint8 array)`` for dtypes
+    numpy lacks."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    try:
+        return t.resolve_conj().resolve_neg().numpy()
+    except TypeError:  # bf16, float8, ...: no numpy dtype
+        raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+        return str(t.dtype).removeprefix("torch."), tuple(t.shape), raw
+
+
+def _tensor(value) -> torch.Tensor:
+    """Undo :func:`_array`. Arrays Ray hands over out of band are read-only views of its object store: those
+    are copied, so the tensor can be written in place."""
+    if isinstance(value, tuple):
+        dtype, shape, data = value
+        data = data if data.flags.writeable else data.copy()
+        return torch.from_numpy(data).view(getattr(torch, dtype)).reshape(shape)
+    return torch.from_numpy(value if value.flags.writeable else value.copy())
+
+
+def batch_to_state(batch: TensorDict | None):
+    """The picklable state of ``batch``: ``{"arrays", "batch_size", "device"}`` when every leaf is a dense
+    tensor, else ``{"tensordict": serialize_tensordict(batch)}``; ``None`` for no batch."""
+    if batch is None:
+        return None
+    arrays = {}
+    for key, value in batch.items(True, True):
+        if not isinstance(value, torch.Tensor) or value.is_nested or value.layout != torch.strided:
+            return {"tensordict": serialize_tensordict(batch)}
+        arrays[key] = _array(value)
+    return {"arrays": arrays, "batch_size": tuple(batch.batch_size),
+            "device": None if batch.device is None else str(batch.device)}
+
+
+def batch_from_state(state) -> TensorDict | None:
+    """Undo :func:`batch_to_state` (or :func:`batch_to_bytes`); tensors land on CPU if this process has no
+    accelerator."""
+    if state is None or isinstance(state, bytes):
+        return batch_from_bytes(state)
+    if "tensordict" in state:
+        return deserialize_tensordict(state["tensordict"])
+    location = _load_location()
+    device = state["device"] if location is None or state["device"] is None else location
+    td = TensorDict({}, batch_size=state["batch_size"], device=device)
+    for key, value in state["arrays"].items():
+        td.set(key, _tensor(value))
+    return td
 
 
 def batch_from_bytes(batch_state: bytes | None) -> TensorDict | None:

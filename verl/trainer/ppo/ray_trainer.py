@@ -511,7 +511,10 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             batch.batch[_PF_PPO_ROW] = torch.arange(len(batch))
         seed = self.config.data.get("seed", None)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed((1 if seed is None else int(seed)) * 1_000_003 + self.global_steps)
+            # the CPU generator only (what fork_rng saves): torch.manual_seed would also queue a lazy CUDA seeding,
+            # which records a stack trace (~1 ms) on every call in a process without CUDA
+            step_seed = (1 if seed is None else int(seed)) * 1_000_003 + self.global_steps
+            torch.random.default_generator.manual_seed(step_seed)
             batch = compute_advantage(
                 batch,
                 adv_estimator=algo.adv_estimator,
