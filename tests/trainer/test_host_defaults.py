@@ -20,9 +20,10 @@ def _compose(overrides=()):
 
 @pytest.fixture(autouse=True)
 def _no_niceness_env(monkeypatch):
-    """resolve_host_defaults sets RAY_worker_niceness for the Ray it is about to start: keep that in the test."""
-    monkeypatch.setenv(host_defaults.NICENESS_ENV, "15")
-    monkeypatch.delenv(host_defaults.NICENESS_ENV)
+    """resolve_host_defaults sets Ray variables for the Ray it is about to start: keep that in the test."""
+    for name in host_defaults.RAY_ENV:
+        monkeypatch.setenv(name, "15")
+        monkeypatch.delenv(name)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
@@ -53,7 +54,7 @@ def test_avx2_host_gets_fp32_and_no_checkpointing(monkeypatch, defaults, model_d
     assert _select(cfg, "critic.model.enable_gradient_checkpointing") is False
     text = str(choices)
     assert "native bf16=no" in text and "bfloat16 -> fp32" in text and "enable_gradient_checkpointing: True -> False" in text
-    assert len(choices.changed) == len(COMPUTE_DTYPE_KEYS) + 3  # + RAY_worker_niceness
+    assert len(choices.changed) == len(COMPUTE_DTYPE_KEYS) + 2 + len(host_defaults.RAY_ENV)  # + the Ray variables
 
 
 def test_explicit_values_are_never_overridden(monkeypatch, defaults, model_dir):
@@ -147,13 +148,16 @@ def test_ray_workers_run_at_normal_priority_on_cpu(monkeypatch, defaults):
     choices = resolve_host_defaults(_compose(["trainer.device=cpu"]), set(), defaults)
     assert os.environ[host_defaults.NICENESS_ENV] == "0"
     assert "RAY_worker_niceness (environment): 15 -> 0" in str(choices)
+    assert os.environ[host_defaults.INLINE_ARGS_ENV] == str(1 << 20)
+    assert "RAY_max_direct_call_object_size (environment): 102400 -> 1048576" in str(choices)
     monkeypatch.setenv(host_defaults.NICENESS_ENV, "10")  # the user's value stays
     choices = resolve_host_defaults(_compose(["trainer.device=cpu"]), set(), defaults)
     assert os.environ[host_defaults.NICENESS_ENV] == "10" and "RAY_worker_niceness (environment)=10 kept" in str(choices)
     monkeypatch.delenv(host_defaults.NICENESS_ENV)
+    monkeypatch.delenv(host_defaults.INLINE_ARGS_ENV)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # joining a cluster: its settings stay
     resolve_host_defaults(_compose(["trainer.device=cpu"]), set(), defaults)
-    assert host_defaults.NICENESS_ENV not in os.environ
+    assert host_defaults.NICENESS_ENV not in os.environ and host_defaults.INLINE_ARGS_ENV not in os.environ
 
 
 RESHARD = ("actor_rollout_ref.actor.fsdp_config.reshard_after_forward",
