@@ -22,13 +22,16 @@ def test_local_ray_inherits_the_variables_so_prestarted_workers_can_host_the_act
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     for name in main_ppo._WORKER_ENV_DEFAULTS:
         monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
     kwargs = main_ppo.ray_init_kwargs(config, None)
+    assert dict(os.environ) == before  # building the arguments changes nothing; init_ray sets the environment
     # a job runtime_env would keep Ray from placing actors in its pre-started worker processes
     assert "runtime_env" not in kwargs
     assert kwargs["num_cpus"] >= 3 and kwargs["include_dashboard"] is False
+    env = main_ppo.worker_env()  # what a Ray this process starts, and so every worker, inherits
     for name, value in main_ppo._WORKER_ENV_DEFAULTS.items():
-        assert os.environ[name] == value  # the Ray this process starts, and so every worker, inherits it
-    assert os.environ["VERL_DEBUG_SKIP_WEIGHT_SYNC"] == "1"
+        assert env[name] == value
+    assert env["VERL_DEBUG_SKIP_WEIGHT_SYNC"] == "1"
 
 
 def test_joining_a_cluster_sends_the_variables_in_the_runtime_env(config, monkeypatch):

@@ -167,11 +167,23 @@ def absolutize_local_paths(config: DictConfig) -> None:
 
 
 def init_ray(config: DictConfig, plan: PPOPlan | None) -> None:
-    """``ray.init(**ray_init_kwargs(...))``. The worker variables put into this process's environment for a local
-    Ray to inherit are restored once it runs, so a script that calls the trainer keeps its own environment."""
-    before = {k: os.environ.get(k) for k in _WORKER_ENV_DEFAULTS}
+    """``ray.init(**ray_init_kwargs(...))``. A Ray started here is this process's child and its workers inherit
+    this environment, so :func:`worker_env` goes into it for the call (instead of a job runtime_env, which keeps
+    Ray from placing actors in the worker processes it pre-starts) and is taken out again once Ray runs: a script
+    that calls the trainer keeps its own environment. Joining a cluster (``RAY_ADDRESS``) sends the variables in
+    the job's runtime_env instead."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    kwargs = ray_init_kwargs(config, plan)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(**kwargs)
+        return
+    if OmegaConf.select(config, "ray_init.timeline_json_file", default=None):
+        os.environ["RAY_PROFILING"] = "1"
+    env = worker_env()
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        ray.init(**ray_init_kwargs(config, plan))
+        ray.init(**kwargs)
     finally:
         for k, v in before.items():
             if v is None:
@@ -180,10 +192,17 @@ def init_ray(config: DictConfig, plan: PPOPlan | None) -> None:
                 os.environ[k] = v
 
 
-def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+def worker_env() -> dict[str, str]:
+    """The variables every Ray worker of a run needs: the defaults, plus the caller's values of the variables
+    passed through (fault switches, logging)."""
     env = dict(_WORKER_ENV_DEFAULTS)
     env.update({k: os.environ[k] for k in _WORKER_ENV_PASSTHROUGH if k in os.environ})
+    return env
+
+
+def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
+    """The keyword arguments of ``ray.init`` for this run (no side effects; :func:`init_ray` sets the
+    environment a local Ray inherits)."""
     kwargs: dict[str, Any] = {}
     extra_node = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
     extra = dict(OmegaConf.to_container(extra_node, resolve=True)) if extra_node else {}
@@ -192,12 +211,9 @@ def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
         kwargs.update(extra)
         # join the user's cluster as is; its processes get the variables through the job's runtime_env
         runtime_env = dict(kwargs.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**env, **dict(runtime_env.get("env_vars") or {})}
+        runtime_env["env_vars"] = {**worker_env(), **dict(runtime_env.get("env_vars") or {})}
         kwargs["runtime_env"] = runtime_env
         return kwargs
-    # a Ray started here is this process's child and its workers inherit this environment: setting the variables
-    # here instead of in a job runtime_env lets the actors start in the worker processes Ray pre-starts
-    os.environ.update(env)
     if num_cpus is None:
         # Ray CPUs are logical: make sure every worker process of every pool gets a slot
         num_cpus = max(os.cpu_count() or 1, _total_processes(config) + 1)
@@ -206,9 +222,6 @@ def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
     )
-    timeline = OmegaConf.select(config, "ray_init.timeline_json_file", default=None)
-    if timeline:
-        os.environ["RAY_PROFILING"] = "1"
     kwargs.update(extra)
     return kwargs
 
