@@ -288,6 +288,18 @@ def test_update_weights_changes_engine(engine, tokenizer, hf_model, model_dir):
     assert rollout.push_path == "direct"  # CPU, unquantized, no LoRA: the model's own loader + re-packing
 
 
+def test_direct_push_of_an_incomplete_stream_names_the_missing_layer(engine, tokenizer, hf_model):
+    rollout = engine["rollout"]
+    rollout.push_path = "direct"
+    partial = ((k, v) for k, v in hf_model.state_dict().items() if k != "model.layers.1.mlp.down_proj.weight")
+    with pytest.raises(RuntimeError, match=r"model\.layers\.1\.mlp\.down_proj\.weight"):
+        rollout.update_weights(partial)
+    rollout.update_weights(hf_model.state_dict().items())  # a whole stream puts everything right
+    out = generate(rollout, make_prompts(tokenizer), n=1, temperature=1.0)
+    assert masked_max_abs(hf_logprobs(hf_model, out), out.batch["rollout_log_probs"],
+                          out.batch["attention_mask"][:, -R:]) <= 1e-4
+
+
 def test_direct_push_equals_vllm_reload(engine, tokenizer, hf_model, model_dir):
     """The direct CPU push and vLLM's layer-wise reload leave the engine computing the same log-probs, bitwise,
     and a second direct push after different weights is not left with the previous weights' GEMM handles."""

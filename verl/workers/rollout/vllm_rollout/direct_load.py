@@ -42,8 +42,9 @@ def _layout_records():
     return LAYERWISE_INFO
 
 
-def _direct_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [m for m in model.modules() if type(getattr(m, "quant_method", None)).__name__ in DIRECT_METHODS]
+def _direct_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    return [(name, m) for name, m in model.named_modules()
+            if type(getattr(m, "quant_method", None)).__name__ in DIRECT_METHODS]
 
 
 def direct_load_blocker(model: torch.nn.Module) -> str | None:
@@ -73,17 +74,25 @@ def direct_load_blocker(model: torch.nn.Module) -> str | None:
 @torch.no_grad()
 def direct_load(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Load ``weights`` (HF names) into ``model`` and redo the CPU GEMM packing; only after
-    :func:`direct_load_blocker` returned None for this model."""
+    :func:`direct_load_blocker` returned None for this model. A packed layer the stream has no weight for is an
+    error (its fresh weight would hold garbage); the engine keeps computing with its previous packing then."""
     # optional heavy dependency (see _layout_records)
     from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
     from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
 
     records = _layout_records()
     modules = _direct_modules(model)
-    for module in modules:
+    fresh = []
+    for name, module in modules:
         if module.weight.numel() == 0:  # packed: its plain weight was dropped
             layout = records[module].restore_metadata[0]["weight"]
             module.register_parameter("weight", restore_layer_refs(materialize_meta_tensor(layout), module))
-    model.load_weights(weights)
-    for module in modules:
+            fresh.append(f"{name}.weight")
+    loaded = model.load_weights(weights)
+    if loaded is not None:
+        missing = [name for name in fresh if name not in loaded]
+        if missing:
+            raise RuntimeError(f"weight push: the stream had no weights for {len(missing)} layer(s), e.g. "
+                               f"{missing[:3]}; the engine keeps its previous weights for them")
+    for _, module in modules:
         module.quant_method.process_weights_after_loading(module)
