@@ -156,13 +156,18 @@ def test_async_single_turn_equals_batch_generate_greedy(engine, tokenizer):
 
 
 def test_multi_turn_logprobs_match_trainer_after_weight_push(engine, tokenizer, hf_model):
-    """Push perturbed weights, run scripted multi-turn episodes, compare with an HF forward on those weights."""
+    """Push perturbed weights, run scripted multi-turn episodes, compare with an HF forward on those weights.
+
+    The parameters are perturbed, not the state-dict entries: the tied output layer and embedding stay one tensor,
+    as in every real push (two different values under the two names would leave "which one" undefined)."""
     torch.manual_seed(0)
-    state = {k: v + 0.05 * torch.randn_like(v) for k, v in hf_model.state_dict().items()
-             if not k.endswith("rotary_emb.inv_freq")}
-    engine.update_weights(iter(state.items()))
     trainer_model = type(hf_model)(hf_model.config).float().eval()
-    trainer_model.load_state_dict(state, strict=False)
+    trainer_model.load_state_dict(hf_model.state_dict())
+    with torch.no_grad():
+        for p in trainer_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    state = {k: v for k, v in trainer_model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
+    engine.update_weights(iter(state.items()))
     cfg = OmegaConf.create({"rollout": engine.config})
     worker = AgentLoopWorker(cfg, engine, tokenizer)
     prompts = _prompt_batch(tokenizer)
