@@ -26,9 +26,10 @@ Where behaviour differs from verl on purpose:
 
 - errors: checks that verl writes as `assert` raise `ValueError` / `TypeError` / `KeyError` with a message naming
   the key and the fix;
-- `DataProto` pickles its dense tensors as numpy arrays (bit-exact; raw bytes for bf16 / float8; a view ships only
-  its own elements; under Ray they travel out of band), and falls back to `serialize_tensordict` for nested tensors
-  or non-tensor entries; pickles written in the older torch-serialized form still load. The tuple form of
+- `DataProto` pickles its dense CPU tensors as numpy arrays (bit-exact; raw bytes for bf16 / float8; a view ships
+  only its own elements; under Ray they travel out of band); accelerator tensors keep torch's serializer (devices
+  kept), nested tensors and non-tensor entries go through `serialize_tensordict`, and pickles written in the older
+  torch-serialized form still load. The tuple form of
   `serialize_tensordict` additionally carries `NonTensorData` / `NonTensorStack` entries;
 - `verl.utils.metric.reduce_metrics` picks max/min by substring of the name, as verl does ("max" anywhere in the
   name takes the max);
