@@ -18,13 +18,18 @@ model's training state usually fits in RAM many times over, so recomputing activ
 - ``model.share_prompt_prefix`` to True when ``rollout.n > 1`` with the FSDP actor: the n samples of a prompt
   run the prompt once in the actor and reference forwards (one packed row per prompt, same log-probs; the
   engine still computes plain rows where packing would not save compute, or the model cannot take the mask);
+- ``rollout.tensor_model_parallel_size`` (verl's default 2) to 1 with ``rollout.name=hf`` on every device (HF
+  generate has no tensor parallelism) and with vLLM on CPU, where the cores are shared by all engines anyway: one
+  engine per worker process generates without a collective per layer (see docs/hybrid_engine.md for the
+  measured TP=1 vs TP=2 throughput). A value you set is used as set (and checked);
 - the environment variables ``RAY_worker_niceness`` to 0 and ``RAY_max_direct_call_object_size`` to 1 MiB when
   this run starts its own Ray: Ray runs workers at nice 15, which on CPU (where the workers do the compute) lets
   any other busy process preempt them, and sends call arguments over 100 KiB through its object store, which
   costs a few ms per call for a small model's batches.
 
 A key the user set stays as set: ``explicit`` holds the keys given on the command line (Hydra overrides); keys
-whose value differs from the shipped yaml's default also count as set. On GPU and NPU nothing changes. The
+whose value differs from the shipped yaml's default also count as set. On GPU and NPU only the HF rollout's
+tensor-parallel size changes. The
 returned :class:`HostChoices` prints as one block that says what was chosen and why.
 """
 
@@ -54,6 +59,7 @@ OLD_LOG_PROB_KEY = f"{AR}.actor.old_log_prob_source"
 RESHARD_KEYS = (f"{AR}.actor.fsdp_config.reshard_after_forward", f"{AR}.ref.fsdp_config.reshard_after_forward",
                 "critic.model.fsdp_config.reshard_after_forward")
 SHARE_PREFIX_KEY = f"{AR}.model.share_prompt_prefix"
+ROLLOUT_TP_KEY = f"{AR}.rollout.tensor_model_parallel_size"
 NICENESS_ENV = "RAY_worker_niceness"
 INLINE_ARGS_ENV = "RAY_max_direct_call_object_size"  # call arguments up to this size go inline, not via plasma
 _HALF = {"bf16", "bfloat16", "fp16", "float16", "half"}
@@ -195,6 +201,24 @@ def foreground_ray_workers() -> tuple[list, list]:
     return kept, changed
 
 
+def _resolve_rollout_tp(config: DictConfig, device: str, explicit: set[str], defaults: DictConfig,
+                        choices: HostChoices) -> None:
+    """verl's default engine tensor-parallel size (2) -> 1 where it cannot or should not apply (module docstring)."""
+    tp = OmegaConf.select(config, ROLLOUT_TP_KEY, default=None)
+    name = OmegaConf.select(config, f"{AR}.rollout.name", default=None)
+    if not isinstance(tp, int) or tp == 1 or _user_set(config, ROLLOUT_TP_KEY, explicit, defaults):
+        return
+    if name == "hf":
+        why = "HF generate runs one model per process (no tensor parallelism)"
+    elif device == "cpu" and name == "vllm":
+        why = ("on CPU every engine shares the same cores: one engine per worker process generates without a "
+               "collective per layer")
+    else:
+        return
+    _set(config, ROLLOUT_TP_KEY, 1)
+    choices.changed.append((ROLLOUT_TP_KEY, tp, 1, why))
+
+
 def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
                           defaults: DictConfig | None = None) -> HostChoices:
     """Apply the host-aware choices to ``config`` (in place, before validation); see the module docstring."""
@@ -203,10 +227,11 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
     except ValueError:  # a bad trainer.device: validation reports it with the key
         return HostChoices(device="unknown")
     choices = HostChoices(device=device)
-    if device != "cpu":
-        return choices
     explicit = explicit or set()
     defaults = defaults if defaults is not None else _shipped_defaults()
+    _resolve_rollout_tp(config, device, explicit, defaults, choices)
+    if device != "cpu":
+        return choices
     choices.isa = _cpu_isa()
     choices.native_bf16 = cpu_has_native_bf16()
     memory = psutil.virtual_memory().total

@@ -48,6 +48,8 @@ from verl.workers.engine import (MicroBatchSpec, TrainEngine, get_engine_cls)
 from verl.workers.engine.config import (EngineConfig, actor_engine_config, critic_engine_config,
                                         ref_engine_config, reward_engine_config)
 from verl.workers.rollout import get_rollout_class
+from verl.workers.rollout.engine_group import EngineGroupLeader, follow_engine_leader, new_engine_groups
+from verl.workers.rollout.layout import RolloutLayout, check_rollout_parallel, rollout_layout
 from verl.workers.sharding_manager import FSDPRolloutShardingManager
 from verl.workers.sharding_manager.fsdp_rollout import iter_base_tensors, iter_lora_adapter_tensors
 from verl.workers.worker_utils import (build_device_mesh, init_distributed, load_tokenizer, max_across_ranks,
@@ -62,6 +64,9 @@ _ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 # group get the same rows and the first of them returns the group's result (sp = 1: one chunk per rank, as ever)
 _ACTOR_DP = make_nd_compute_dataproto_dispatch_fn("actor")
 _CRITIC_DP = make_nd_compute_dataproto_dispatch_fn("critic")
+# generation follows the rollout layout: prompts split over the engines (rollout data-parallel ranks); the
+# rollout.tensor_model_parallel_size ranks of one engine get the same prompts and tensor rank 0 returns the result
+_ROLLOUT_DP = make_nd_compute_dataproto_dispatch_fn("rollout")
 
 
 def _register_sp_dispatch(worker: Worker, mesh: str, role_cfg) -> int:
@@ -110,6 +115,7 @@ class ActorRolloutRefWorker(Worker):
         prefix = "actor_rollout_ref"
         actor_cfg = self.config.get("actor")
         self.dp_size = _register_sp_dispatch(self, "actor", actor_cfg)  # ranks that hold different rows
+        self.rollout_layout = self._declare_rollout_layout()
         self.rollout_n = int(cfg_get(self.config.get("rollout"), "n", 1))
         self.actor_batch_sizes = None
         if self._is_actor:
@@ -130,6 +136,19 @@ class ActorRolloutRefWorker(Worker):
         self.actor = self.ref_policy = None
         self.rollout = self.rollout_sharding_manager = None
         self.tokenizer = self.generation_config = None
+
+    def _declare_rollout_layout(self) -> RolloutLayout:
+        """This rank's place among the rollout engines (``rollout.tensor_model_parallel_size`` ranks each), declared
+        as the ``rollout`` dispatch mesh. Roles without a rollout count as engines of one rank."""
+        tp = 1
+        if self._is_rollout:
+            rollout_cfg = self.config.get("rollout")
+            tp = int(cfg_get(rollout_cfg, "tensor_model_parallel_size", 1) or 1)
+            check_rollout_parallel(name=str(cfg_get(rollout_cfg, "name", "hf")), tp=tp, workers=dist.get_world_size(),
+                                   model_path=None)
+        layout = rollout_layout(dist.get_world_size(), dist.get_rank(), tp)
+        self._register_dispatch_collect_info("rollout", dp_rank=layout.dp_rank, is_collect=layout.is_collect)
+        return layout
 
     def _log_prob_spec(self, section, prefix: str) -> MicroBatchSpec:
         actor_cfg = self.config.get("actor")
@@ -170,6 +189,10 @@ class ActorRolloutRefWorker(Worker):
                 self.ref_engine = self._build_engine(ref_engine_config(self.config))
                 self.ref_policy = DataParallelPPOActor(config=self.config.get("ref") or {}, engine=self.ref_engine)
         if self._is_rollout:
+            self._engine_group = (None, None)
+            if self.rollout_layout.tp > 1:
+                # created on every rank, in the same order, before the engines create their own groups
+                self._engine_group = new_engine_groups(self.rollout_layout.all_groups())
             self._build_rollout()
 
     @property
@@ -203,9 +226,12 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout_sharding_manager is not None:
             self.rollout_sharding_manager.bump_weight_version()
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=_ROLLOUT_DP)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``rollout.n`` responses per prompt with this rank's engine (weights pushed first if stale).
+
+        Every rank of an engine (``rollout.tensor_model_parallel_size`` > 1) receives the same prompts and runs the
+        same engine calls; the result of the engine's tensor rank 0 is collected.
 
         ``meta_info["timing"]`` gets ``generate_sequences`` and ``update_weights`` (seconds, max over ranks)."""
         if not self._is_rollout:
@@ -237,9 +263,20 @@ class ActorRolloutRefWorker(Worker):
         images always take the batch call (the agent loop does not carry images)."""
         if str(cfg_get(self.config.rollout, "mode", "async")) != "async" or _has_images(prompts):
             return self.rollout.generate_sequences(prompts=prompts)
+        group, leader = self._engine_group
+        if group is not None and not self.rollout_layout.is_collect:
+            # tensor-parallel engine: tensor rank 0 runs the agent loop and sends each engine batch here
+            follow_engine_leader(self.rollout, group, leader)
+            return DataProto(meta_info=dict(prompts.meta_info))
         if getattr(self, "_agent_loop_worker", None) is None:
-            self._agent_loop_worker = AgentLoopWorker(self.config, self.rollout, self.tokenizer)
-        return self._agent_loop_worker.generate_sequences(prompts)
+            self._engine_leader = None if group is None else EngineGroupLeader(self.rollout, group, leader)
+            self._agent_loop_worker = AgentLoopWorker(self.config, self._engine_leader or self.rollout,
+                                                      self.tokenizer)
+        try:
+            return self._agent_loop_worker.generate_sequences(prompts)
+        finally:
+            if self._engine_leader is not None:
+                self._engine_leader.finish()
 
     def _eos_token_id(self):
         for src in (self.generation_config, self.tokenizer):

@@ -52,9 +52,12 @@ class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
                              f"actor_rollout_ref.{section}")
 
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
-        # the FSDP worker declares its own data-parallel layout for the "actor" mesh; here it is Megatron's
-        grid = self._megatron_grid()
-        super()._register_dispatch_collect_info(mesh_name, grid["dp_rank"], grid["collect"])
+        # the FSDP worker declares its own data-parallel layout for the "actor" mesh; here it is Megatron's (the
+        # "rollout" mesh follows the rollout layout, independent of the training layout)
+        if mesh_name == "actor":
+            grid = self._megatron_grid()
+            dp_rank, is_collect = grid["dp_rank"], grid["collect"]
+        super()._register_dispatch_collect_info(mesh_name, dp_rank, is_collect)
 
     def __init__(self, config, role: str, **kwargs):
         super().__init__(config, role, **kwargs)

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from safetensors import safe_open
 
-__all__ = ["ArchSpec", "Rule", "padded_vocab_size", "shard", "unshard", "HFWeights", "layer_rules",
-           "model_rules", "rope_theta"]
+__all__ = ["ArchSpec", "Rule", "padded_vocab_size", "shard", "unshard", "local_hf_pieces", "range_overlaps",
+           "HFWeights", "layer_rules", "model_rules", "rope_theta"]
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,38 @@ def unshard(kind: str, shards: list[torch.Tensor], shapes: Shapes) -> list[torch
         q, k, v = groups.split([groups.shape[1] - 2 * d, d, d], dim=1)
         return [t.reshape(-1, *rest) for t in (q, k, v)]
     raise ValueError(f"unknown cut {kind!r}")
+
+
+def local_hf_pieces(kind: str, local: torch.Tensor, shapes: Shapes, tp: int) -> list[torch.Tensor]:
+    """A tensor rank's piece of one mcore parameter as the same rank's pieces of its HF tensors, without any
+    communication: ``qkv`` -> the rank's rows of q, k and v (whole query groups); ``fc1`` -> its rows of gate and
+    up; ``row`` / ``col`` / ``rep`` -> the piece itself. (``vocab`` pieces need the engine's row range: see
+    :func:`range_overlaps`.) These are exactly the pieces a tensor-parallel inference engine of the same size
+    holds on that rank."""
+    if kind in ("rep", "row", "col", "vocab"):
+        return [local]
+    if kind == "fc1":
+        return list(local.chunk(2, dim=0))
+    if kind == "qkv":
+        rest = local.shape[1:]
+        d = shapes.head_dim
+        groups = local.reshape(shapes.num_query_groups // tp, -1, *rest)
+        q, k, v = groups.split([groups.shape[1] - 2 * d, d, d], dim=1)
+        return [t.reshape(-1, *rest) for t in (q, k, v)]
+    raise ValueError(f"unknown cut {kind!r}")
+
+
+def range_overlaps(have: list[tuple[int, int]], want: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """``out[s][r]`` = the rows ``[a, b)`` that rank ``s`` holds (``have[s]``) and rank ``r`` wants (``want[r]``),
+    empty ``(a, a)`` when none: the send plan of a row regroup (each rank sends only what another lacks)."""
+    out = []
+    for lo, hi in have:
+        row = []
+        for a, b in want:
+            start, stop = max(lo, a), min(hi, b)
+            row.append((start, max(start, stop)))
+        out.append(row)
+    return out
 
 
 class HFWeights:

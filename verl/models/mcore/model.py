@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from verl.models.mcore import get_arch
-from verl.models.mcore.convert import (HFWeights, Shapes, layer_rules, model_rules, padded_vocab_size, rope_theta,
-                                       shard, unshard)
+from verl.models.mcore.convert import (HFWeights, Shapes, layer_rules, local_hf_pieces, model_rules,
+                                       padded_vocab_size, range_overlaps, rope_theta, shard, unshard)
 from verl.utils.device import collective_device, get_device
 
-__all__ = ["ValueHead", "build_gpt_model", "load_hf_weights", "iter_hf_params", "ParallelLayout", "model_shapes"]
+__all__ = ["ValueHead", "build_gpt_model", "load_hf_weights", "iter_hf_params", "iter_hf_tp_shards", "ParallelLayout",
+           "model_shapes"]
 
 
 class ParallelLayout:
@@ -264,4 +265,71 @@ def iter_hf_params(model: nn.Module, hf_config, value_head: bool) -> Iterator[tu
     elif tied:
         yield from emit(0, "embedding.word_embeddings.weight", ("lm_head.weight",), "vocab")
     else:
+        yield from emit(last, "output_layer.weight", ("lm_head.weight",), "vocab")
+
+
+@torch.no_grad()
+def iter_hf_tp_shards(model: nn.Module, hf_config, vocab_range: tuple[int, int],
+                      stats: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight under its HF name as **this tensor rank's piece**, laid out as an inference engine with the
+    same tensor-parallel size holds it (collective: all ranks iterate together).
+
+    No tensor-parallel weight is gathered: q/k/v and gate/up are cut out of the rank's own fused shard; the
+    vocabulary rows are regrouped inside the tensor group to the engine's row range ``vocab_range`` (engines pad
+    the vocabulary differently from Megatron's multiple of 128; each rank receives only the rows it lacks);
+    replicated weights (norms) are the rank's own. With pipeline stages, a stage sends its layers' pieces to the
+    same tensor rank of the other stages. Tied output layers are not sent (the engine shares the embedding).
+    ``stats["recv_bytes"]`` counts what this rank received from other ranks.
+    """
+    layout = ParallelLayout()
+    shapes = model_shapes(hf_config, layout.tp)
+    arch = get_arch(hf_config)
+    params = dict(model.named_parameters())
+    dtype = next(model.parameters()).dtype
+    per_stage = hf_config.num_hidden_layers // layout.pp
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    stats = stats if stats is not None else {}
+    stats["recv_bytes"] = 0
+    dev = collective_device(layout.tp_group)
+
+    rows = shapes.padded_vocab // layout.tp
+    have = [(s * rows, min((s + 1) * rows, shapes.vocab_size)) for s in range(layout.tp)]
+    wanted = torch.tensor(vocab_range, dtype=torch.int64, device=dev)
+    gathered_wants = [torch.empty_like(wanted) for _ in range(layout.tp)]
+    dist.all_gather(gathered_wants, wanted, group=layout.tp_group)
+    plan = range_overlaps(have, [tuple(int(x) for x in w) for w in gathered_wants])
+    me = layout.tp_rank
+
+    def vocab_rows(local: torch.Tensor) -> torch.Tensor:
+        if layout.tp == 1:
+            return local[vocab_range[0]: vocab_range[1]]
+        send = [local[a - me * rows: b - me * rows] for a, b in plan[me]]
+        out_splits = [plan[s][me][1] - plan[s][me][0] for s in range(layout.tp)]
+        out = local.new_empty(sum(out_splits), *local.shape[1:])
+        dist.all_to_all_single(out, torch.cat(send).contiguous(), out_splits, [b - a for a, b in plan[me]],
+                               group=layout.tp_group)
+        stats["recv_bytes"] += (sum(out_splits) - out_splits[me]) * out[0].numel() * out.element_size()
+        return out
+
+    def emit(stage: int, name: str, hf_names: tuple, kind: str):
+        if layout.pp_rank == stage:
+            local = params[name].detach()
+            pieces = [vocab_rows(local)] if kind == "vocab" else local_hf_pieces(kind, local, shapes, layout.tp)
+        else:
+            pieces = [None] * len(hf_names)
+        for hf_name, t in zip(hf_names, pieces):
+            out = _broadcast_from(t, stage, layout, dtype)
+            if layout.pp_rank != stage:
+                stats["recv_bytes"] += out.numel() * out.element_size()
+            yield hf_name, out
+
+    yield from emit(0, "embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
+    for g in range(hf_config.num_hidden_layers):
+        stage, local_index = divmod(g, per_stage)
+        for rule in layer_rules(arch):
+            yield from emit(stage, f"decoder.layers.{local_index}.{rule.mcore}",
+                            tuple(f"model.layers.{g}.{h}" for h in rule.hf), rule.kind)
+    last = layout.pp - 1
+    yield from emit(last, "decoder.final_layernorm.weight", ("model.norm.weight",), "rep")
+    if not tied:
         yield from emit(last, "output_layer.weight", ("lm_head.weight",), "vocab")

@@ -37,6 +37,7 @@ from verl.utils.config import ConfigError, unresolved_value
 from verl.utils import device as device_utils
 from verl.utils.device import resolve_device
 from verl.utils.ulysses import check_ulysses_config
+from verl.workers.rollout.layout import check_rollout_parallel
 
 __all__ = ["ConfigError", "PPOPlan", "validate_ppo_config", "typed_ppo_config", "need_critic"]
 
@@ -305,7 +306,15 @@ def _batch_sizes(config: DictConfig, n_gpus: int, use_critic: bool, use_ref: boo
             check_mutually_exclusive(config, prefix, "ppo_micro_batch_size")
         return normalized_batch_sizes(OmegaConf.select(config, prefix), n, dp_ranks(prefix), prefix=prefix + ".")
 
-    def dp_ranks(prefix: str) -> int:  # Ulysses: the ranks of one sequence-parallel group share their rows
+    def dp_ranks(prefix: str) -> int:
+        """Ranks holding different rows: Ulysses' sequence-parallel group and Megatron's tensor x pipeline group
+        each share one data-parallel rank's rows (the rule the workers use)."""
+        # the policy worker lays out its rollout and reference passes on the actor's grid
+        role = f"{AR}.actor" if prefix in (f"{AR}.rollout", f"{AR}.ref") else prefix
+        if _get(config, f"{role}.strategy") == "megatron":
+            model_parallel = (int(_get(config, f"{role}.megatron.tensor_model_parallel_size", 1) or 1)
+                              * int(_get(config, f"{role}.megatron.pipeline_model_parallel_size", 1) or 1))
+            return max(1, n_gpus // model_parallel)
         sp_key = f"{AR}.actor" if prefix == f"{AR}.rollout" else prefix
         return n_gpus // int(_get(config, f"{sp_key}.ulysses_sequence_parallel_size", 1) or 1)
 
@@ -372,6 +381,12 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             f"or use {AR}.rollout.name=hf"
         )
     check_agent_loop_config(config.actor_rollout_ref.rollout, check_files)
+    try:
+        check_rollout_parallel(name=rollout_name, tp=_int(config, f"{AR}.rollout.tensor_model_parallel_size"),
+                               workers=_int(config, "trainer.nnodes") * _int(config, "trainer.n_gpus_per_node"),
+                               model_path=_get(config, f"{AR}.model.path") if check_files else None)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if check_files:
         _check_data_tool_config(config)
     _check_kl_type(f"{AR}.actor.kl_loss_type", _get(config, f"{AR}.actor.kl_loss_type"))

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from transformers import AutoConfig
 
-from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, load_hf_weights
+from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, iter_hf_tp_shards, load_hf_weights
 from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, megatron_settings,
                                        transformer_overrides)
 from verl.utils.device import get_device_name
@@ -312,6 +312,18 @@ class MegatronEngine(TrainEngine):
     # ------------------------------------------------------------------ weights out
     def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from iter_hf_params(self.module, self.hf_config, self.value_head)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.layout.tp
+
+    def iter_tp_shards(self, vocab_range: tuple[int, int], stats: dict | None = None
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's tensor-parallel pieces under HF names, for an inference engine of the same tensor-parallel
+        size on the same ranks (no gather; see :func:`verl.models.mcore.model.iter_hf_tp_shards`)."""
+        if self.value_head:
+            raise RuntimeError(f"{self.name}: a value model is never pushed to a rollout engine")
+        yield from iter_hf_tp_shards(self.module, self.hf_config, vocab_range, stats)
 
     def _checkpoints(self) -> MegatronCheckpointer:
         self._require_optimizer()

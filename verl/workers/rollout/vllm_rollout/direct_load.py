@@ -24,7 +24,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["DIRECT_METHODS", "direct_load_blocker", "direct_load"]
+__all__ = ["DIRECT_METHODS", "direct_load_blocker", "direct_load", "direct_load_tp_pieces", "copy_tp_pieces"]
 
 # quant methods whose post-load processing on CPU is only the GEMM dispatch (re-pack or new handle)
 DIRECT_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
@@ -71,11 +71,8 @@ def direct_load_blocker(model: torch.nn.Module) -> str | None:
     return None
 
 
-@torch.no_grad()
-def direct_load(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Load ``weights`` (HF names) into ``model`` and redo the CPU GEMM packing; only after
-    :func:`direct_load_blocker` returned None for this model. A packed layer the stream has no weight for is an
-    error (its fresh weight would hold garbage); the engine keeps computing with its previous packing then."""
+def _restore_packed(model: torch.nn.Module) -> tuple[list, list[str]]:
+    """Give every packed layer a fresh weight in its loading layout; returns (direct modules, fresh names)."""
     # optional heavy dependency (see _layout_records)
     from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
     from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
@@ -88,7 +85,10 @@ def direct_load(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tenso
             layout = records[module].restore_metadata[0]["weight"]
             module.register_parameter("weight", restore_layer_refs(materialize_meta_tensor(layout), module))
             fresh.append(f"{name}.weight")
-    loaded = model.load_weights(weights)
+    return modules, fresh
+
+
+def _finish(modules: list, fresh: list[str], loaded) -> None:
     if loaded is not None:
         missing = [name for name in fresh if name not in loaded]
         if missing:
@@ -96,3 +96,73 @@ def direct_load(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tenso
                                f"{missing[:3]}; the engine keeps its previous weights for them")
     for _, module in modules:
         module.quant_method.process_weights_after_loading(module)
+
+
+@torch.no_grad()
+def direct_load(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load ``weights`` (HF names) into ``model`` and redo the CPU GEMM packing; only after
+    :func:`direct_load_blocker` returned None for this model. A packed layer the stream has no weight for is an
+    error (its fresh weight would hold garbage); the engine keeps computing with its previous packing then."""
+    modules, fresh = _restore_packed(model)
+    _finish(modules, fresh, model.load_weights(weights))
+
+
+_QKV = {"q_proj": 0, "k_proj": 1, "v_proj": 2}
+_GATE_UP = {"gate_proj": 0, "up_proj": 1}
+
+
+def copy_tp_pieces(model: torch.nn.Module, pieces: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Copy this tensor rank's pieces of HF-named weights into the engine's parameters of the same rank.
+
+    The pieces are already cut for this rank (e.g. by a Megatron engine with the same tensor-parallel size), so no
+    loader narrows them: q/k/v go to their rows of the fused ``qkv_proj`` (the engine's per-rank head counts give
+    the offsets), gate/up to their halves of ``gate_up_proj``, vocabulary rows to the top of the embedding / output
+    shard (the engine's padding rows are zeroed), everything else 1:1. Any shape that does not match the
+    engine's is an error naming the weight. Returns the names of the engine parameters written."""
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    written = set()
+    for name, piece in pieces:
+        owner, _, leaf = name.rpartition(".")
+        parent, _, proj = owner.rpartition(".")
+        if proj in _QKV:
+            target = f"{parent}.qkv_proj"
+            module = modules[target]
+            q_rows, kv_rows = module.num_heads * module.head_size, module.num_kv_heads * module.head_size
+            offset = (0, q_rows, q_rows + kv_rows)[_QKV[proj]]
+        elif proj in _GATE_UP:
+            target = f"{parent}.gate_up_proj"
+            offset = _GATE_UP[proj] * params[f"{target}.{leaf}"].shape[0] // 2
+        else:
+            target, offset = owner, 0
+        key = f"{target}.{leaf}"
+        if key not in params:
+            raise RuntimeError(f"weight push: the engine has no parameter for {name} (looked for {key})")
+        param = params[key].data
+        if hasattr(modules.get(target), "shard_indices"):  # vocabulary shard: real rows first, padding zeroed
+            if piece.shape[0] > param.shape[0] or piece.shape[1:] != param.shape[1:]:
+                raise RuntimeError(f"weight push: {name} piece {tuple(piece.shape)} does not fit the engine's "
+                                   f"vocabulary shard {tuple(param.shape)}")
+            param[: piece.shape[0]].copy_(piece)
+            param[piece.shape[0]:].zero_()
+        else:
+            dst = param.narrow(0, offset, piece.shape[0]) if (offset or target != owner) else param
+            if tuple(dst.shape) != tuple(piece.shape):
+                raise RuntimeError(f"weight push: {name} piece {tuple(piece.shape)} does not match the engine's "
+                                   f"{key} slice {tuple(dst.shape)} on this tensor rank (do the training and "
+                                   "rollout tensor-parallel sizes match?)")
+            dst.copy_(piece)
+        written.add(key)
+    return written
+
+
+@torch.no_grad()
+def direct_load_tp_pieces(model: torch.nn.Module, pieces: Iterable[tuple[str, torch.Tensor]],
+                          repack: bool = True) -> None:
+    """:func:`copy_tp_pieces` into ``model``; with ``repack`` (CPU engine) the packed layers get fresh weights
+    first and are re-packed after, as in :func:`direct_load`."""
+    if not repack:
+        copy_tp_pieces(model, pieces)
+        return
+    modules, fresh = _restore_packed(model)
+    _finish(modules, fresh, copy_tp_pieces(model, pieces))

@@ -46,7 +46,7 @@ from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, p
 from ..async_server import TokenOutput
 from ..base import BaseRollout
 from ..utils import eos_id_list, resolve_torch_dtype, sampling_params_for
-from .direct_load import direct_load, direct_load_blocker
+from .direct_load import direct_load, direct_load_blocker, direct_load_tp_pieces
 from .lora_adapter import default_adapter_root, vllm_max_lora_rank, write_adapter_dir
 
 __all__ = ["vLLMRollout", "build_engine_kwargs", "prompt_token_id_lists"]
@@ -89,6 +89,21 @@ def _to_dict(node: Any) -> dict:
     return dict(node)
 
 
+def _engine_tp_rank(model) -> int:
+    # optional heavy dependency: runs inside the engine (vLLM is imported wherever this is called)
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    return int(get_tensor_model_parallel_rank())
+
+
+def _vocab_rows(model) -> tuple[int, int]:
+    for module in model.modules():
+        indices = getattr(module, "shard_indices", None)
+        if indices is not None:
+            return int(indices.org_vocab_start_index), int(indices.org_vocab_end_index)
+    raise RuntimeError("the vLLM model has no vocabulary-parallel embedding")
+
+
 def prompt_token_id_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
     """The unpadded token ids of each (left-padded) prompt row: exactly the tokens the trainer will see."""
     return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
@@ -112,17 +127,18 @@ def build_engine_kwargs(config: Any, model_path: str, *, on_cpu: bool, trust_rem
         # no actor in this worker, so no weight push will ever come: load the real weights
         load_format = "auto"
     tp = int(cfg_get(config, "tensor_model_parallel_size", 1))
-    if tp != 1:
-        logger.warning("actor_rollout_ref.rollout.tensor_model_parallel_size=%d: each worker runs its own "
-                       "TP=1 vLLM engine (tensor-parallel rollout is not implemented); using 1", tp)
+    if tp < 1:
+        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must be >= 1")
     dtype = resolve_torch_dtype(cfg_get(config, "dtype", "bfloat16"))
     kwargs: dict[str, Any] = dict(
         model=model_path,
         tokenizer=model_path,
         dtype=_DTYPE_NAMES.get(dtype, "bfloat16"),
         trust_remote_code=trust_remote_code,
-        tensor_parallel_size=1,
-        distributed_executor_backend="uni",
+        tensor_parallel_size=tp,
+        # TP = 1: the engine lives in this process alone. TP > 1: the engine spans tp worker processes that vLLM
+        # did not start; each builds its part in-process over the workers' own torch.distributed world
+        distributed_executor_backend="uni" if tp == 1 else "external_launcher",
         max_model_len=max_model_len,
         max_num_seqs=int(cfg_get(config, "max_num_seqs", 256)),
         max_num_batched_tokens=batched,
@@ -223,6 +239,9 @@ class vLLMRollout(BaseRollout):
         self.pad_token_id = pad if pad is not None else (eos_id_list(eos) or [0])[0]
         self.last_update_stats: dict[str, float] = {}
         self.push_path: str | None = None  # "direct" or "reload", fixed at the first push (see update_weights)
+        parallel = self.llm.llm_engine.vllm_config.parallel_config
+        self.tensor_parallel_size = int(parallel.tensor_parallel_size)  # what the engine runs, not the config
+        self.tensor_parallel_rank = self.llm.apply_model(_engine_tp_rank)[0]
 
     # ------------------------------------------------------------------------------------------ weights
     def _engine_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -266,24 +285,40 @@ class vLLMRollout(BaseRollout):
                     else f"vLLM's layer-wise reload ({blocker})")
         return "direct" if blocker is None else "reload"
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, tp_pieces: bool = False) -> None:
         """Load new weights in place, then drop the prefix cache, whose KV entries belong to the old weights.
 
-        On CPU with an unquantized model the weights go through the model's own loader and each layer's GEMM
-        packing is redone (``direct_load``); otherwise vLLM's ``reload_weights`` re-runs its general post-load
-        processing layer by layer. Both leave the engine as a fresh engine built from the same weights."""
+        Full tensors (the default): on CPU with an unquantized model the weights go through the model's own loader
+        and each layer's GEMM packing is redone (``direct_load``); otherwise vLLM's ``reload_weights`` re-runs its
+        general post-load processing layer by layer. Both leave the engine as a fresh engine built from the same
+        weights; with tensor parallelism each engine rank's loaders keep only its own slice.
+
+        ``tp_pieces=True``: the tensors are already this tensor rank's pieces (a training engine with the same
+        tensor-parallel size hands over its own shards); they are copied into the engine's parameters of this
+        rank without any loader narrowing them (``direct_load_tp_pieces``)."""
         start = time.perf_counter()
         if self.push_path is None:
             self.push_path = self._choose_push_path()
         stream = self._engine_stream(named_tensors)
         # vLLM warns about the (computed, never loaded) rotary cache and logs two info lines per push
         with quiet_rotary_reload_warning(), quiet_push_info_logs():
-            if self.push_path == "direct":
+            if tp_pieces:
+                if self.push_path != "direct" and self.on_cpu:
+                    raise RuntimeError(f"tensor-parallel pieces need the direct CPU push; this engine uses vLLM's "
+                                       f"reload ({self.push_path})")
+                repack = self.on_cpu
+                self.llm.apply_model(lambda model: direct_load_tp_pieces(model, stream, repack=repack))
+            elif self.push_path == "direct":
                 self.llm.apply_model(lambda model: direct_load(model, stream))
             else:
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream})
             self.llm.reset_prefix_cache()
         self.last_update_stats["seconds"] = time.perf_counter() - start
+
+    def vocab_shard_range(self) -> tuple[int, int]:
+        """The vocabulary rows ``[start, stop)`` this rank's engine shard holds (vLLM pads the vocabulary to a
+        multiple of 64 before splitting it over tensor ranks)."""
+        return tuple(self.llm.apply_model(_vocab_rows)[0])
 
     @property
     def supports_lora_adapter(self) -> bool:

@@ -1,0 +1,109 @@
+"""The rollout layout: how the N rollout-capable workers form generation engines.
+
+``actor_rollout_ref.rollout.tensor_model_parallel_size = t`` groups the N worker processes into N / t engines of
+t consecutive ranks each (ranks ``[g*t, g*t + t)`` form engine ``g``, the rollout data-parallel rank)::
+
+    N = 4, t = 2:   rank 0 1 | 2 3        engine (rollout dp rank) 0 | 1, tensor rank 0 1 | 0 1
+
+Dispatch follows the engines: a batch of prompts is split over the N / t data-parallel ranks only; the t ranks of
+an engine receive the same prompts and the result of tensor rank 0 is collected (the ``"rollout"`` mesh of
+:func:`verl.single_controller.base.decorator.make_nd_compute_dataproto_dispatch_fn`).
+
+The training layout is independent: FSDP shards over all N ranks; Megatron's tensor groups are consecutive ranks
+too (tensor rank fastest), so with Megatron ``tensor_model_parallel_size == t`` a training tensor group and an
+engine hold the same ranks, and each rank can hand its own shard to its engine rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+__all__ = ["RolloutLayout", "rollout_layout", "check_rollout_parallel", "model_head_counts"]
+
+KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    """One process's place in the rollout layout."""
+
+    world_size: int
+    rank: int
+    tp: int
+
+    @property
+    def dp(self) -> int:
+        """Number of engines (rollout data-parallel size)."""
+        return self.world_size // self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def is_collect(self) -> bool:
+        """Whether this rank's generation result is the engine's result (tensor rank 0)."""
+        return self.tp_rank == 0
+
+    @property
+    def group_ranks(self) -> list[int]:
+        """The global ranks of this process's engine."""
+        start = self.dp_rank * self.tp
+        return list(range(start, start + self.tp))
+
+    def all_groups(self) -> list[list[int]]:
+        """Every engine's ranks, in engine order (process groups are created collectively over these)."""
+        return [list(range(g * self.tp, g * self.tp + self.tp)) for g in range(self.dp)]
+
+
+def rollout_layout(world_size: int, rank: int, tp: int) -> RolloutLayout:
+    """The layout of ``world_size`` workers in engines of ``tp`` ranks; errors name the key."""
+    tp = int(tp)
+    if tp < 1 or world_size % tp:
+        raise ValueError(f"{KEY}={tp} must divide the number of rollout workers ({world_size}); use one of "
+                         f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
+    return RolloutLayout(world_size=int(world_size), rank=int(rank), tp=tp)
+
+
+def model_head_counts(model_path: str) -> tuple[int, int] | None:
+    """(attention heads, key/value heads) from ``config.json`` of a local model directory; None when unknown."""
+    config_file = os.path.join(str(model_path), "config.json")
+    if not os.path.isfile(config_file):
+        return None
+    with open(config_file) as f:
+        config = json.load(f)
+    config = config.get("text_config", config) if "num_attention_heads" not in config else config
+    heads = config.get("num_attention_heads")
+    if heads is None:
+        return None
+    return int(heads), int(config.get("num_key_value_heads") or heads)
+
+
+def check_rollout_parallel(*, name: str, tp: int, workers: int, model_path: str | None) -> None:
+    """The driver's check of the rollout layout (raises ValueError naming the key and what would work).
+
+    ``tp`` must divide the number of rollout workers and the model's attention and key/value heads (each engine
+    rank holds whole heads); the HF rollout has no tensor parallelism, so it needs ``tp = 1``."""
+    if tp < 1:
+        raise ValueError(f"{KEY}={tp} must be >= 1")
+    if tp > 1 and name == "hf":
+        raise ValueError(f"{KEY}={tp} with actor_rollout_ref.rollout.name=hf: HF generate runs one model per "
+                         f"process; set {KEY}=1, or use actor_rollout_ref.rollout.name=vllm for tensor-parallel "
+                         "generation")
+    if workers % tp:
+        raise ValueError(f"{KEY}={tp} must divide the number of rollout workers (trainer.n_gpus_per_node x "
+                         f"trainer.nnodes = {workers}); use one of "
+                         f"{[d for d in range(1, workers + 1) if workers % d == 0]}")
+    heads = model_head_counts(model_path) if model_path else None
+    if heads is not None and tp > 1:
+        q, kv = heads
+        if q % tp or kv % tp:
+            raise ValueError(f"{KEY}={tp} must divide the model's attention heads ({q}) and key/value heads ({kv}) "
+                             f"at {model_path}: each engine rank holds whole heads; use one of "
+                             f"{[d for d in range(1, min(workers, kv) + 1) if q % d == 0 and kv % d == 0 and workers % d == 0]}")
