@@ -157,6 +157,12 @@ def max_memory_allocated_gb() -> float:
     return get_torch_device().max_memory_allocated() / 1024**3
 
 
+def reset_peak_memory_stats() -> None:
+    """Start a new accelerator memory peak (:func:`max_memory_allocated_gb` then reports from here); CPU: nothing."""
+    if get_device_name() != "cpu":
+        get_torch_device().reset_peak_memory_stats()
+
+
 def module_device(module) -> torch.device:
     """Where ``module``'s parameters live (FSDP2 DTensor parameters report their local device); CPU if none."""
     for param in module.parameters():

@@ -41,6 +41,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 __all__ = [
+    "gathered_bytes",
     "create_device_mesh",
     "get_fsdp_wrap_modules",
     "get_mixed_precision_policy",
@@ -386,6 +387,17 @@ def _full_in_buckets(items: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
         bucket.append((name, value))
         size += nbytes
     yield from flush()
+
+
+def gathered_bytes(model: nn.Module) -> int:
+    """Bytes one rank receives when the model's sharded state is gathered to full tensors (every shard but its
+    own, per sharded tensor; replicated tensors move nothing)."""
+    total = 0
+    for value in model.state_dict().values():
+        group = _dim0_shard_group(value)
+        if group is not None and dist.get_world_size(group) > 1:
+            total += (value.numel() - value.to_local().numel()) * value.element_size()
+    return total
 
 
 def iter_full_state_dict(model: nn.Module, dtype: torch.dtype | None = None, device: str | torch.device | None = "cpu",

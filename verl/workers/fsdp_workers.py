@@ -212,14 +212,40 @@ class ActorRolloutRefWorker(Worker):
                                    device_mesh=self.device_mesh, actor_will_push=engine is not None,
                                    device=get_device_name(),
                                    lora_rank=int(cfg_get(self.config.model, "lora_rank", 0) or 0))
+        layout = self.rollout_layout
+        engine_tp = int(getattr(self.rollout, "tensor_parallel_size", 1))
+        if engine_tp != layout.tp:
+            raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={layout.tp} but the {name} "
+                               f"engine runs tensor_parallel_size={engine_tp}")
+        print(f"[rollout] rank {dist.get_rank()}: {name} engine {layout.dp_rank} of {layout.dp}, "
+              f"tensor_parallel_size={engine_tp}, tensor rank {layout.tp_rank}", flush=True)
         if engine is not None:
+            stats: dict = {}
+            push = self._push_mode(engine)
+            stream = ((lambda _module: engine.iter_tp_shards(self.rollout.vocab_shard_range(), stats))
+                      if push == "tp_pieces" else (lambda _module: engine.iter_full_params(stats)))
+            if dist.get_rank() == 0:
+                print(f"[rollout] weight push: {push} (training {type(engine).__name__}, tensor parallel "
+                      f"{getattr(engine, 'tensor_parallel_size', 1)} -> rollout tensor parallel {layout.tp})",
+                      flush=True)
             # LoRA actor + an engine that serves adapters (vLLM): base weights once, then the adapter only
             self.rollout_sharding_manager = FSDPRolloutShardingManager(
                 engine.module, self.rollout, device_mesh=self.device_mesh,
                 layered_summon=bool(cfg_get(rollout_cfg, "layered_summon", False)),
-                full_state_iter=lambda _module: engine.iter_full_params(),
+                full_state_iter=stream, tp_pieces=push == "tp_pieces", stream_stats=stats,
                 base_state_iter=lambda module: engine.onloaded(iter_base_tensors(module)),
                 adapter_state_iter=lambda module: engine.onloaded(iter_lora_adapter_tensors(module)))
+
+    def _push_mode(self, engine: TrainEngine) -> str:
+        """``tp_pieces`` when the training engine's tensor groups are the rollout engines (Megatron with the
+        rollout's tensor-parallel size, no LoRA, an engine that takes pieces): each rank hands over its own shard.
+        Otherwise ``full``: full tensors gathered in buckets, each engine rank's loaders keep their slice."""
+        train_tp = int(getattr(engine, "tensor_parallel_size", 1))
+        if (train_tp > 1 and train_tp == self.rollout_layout.tp and not self._is_lora
+                and hasattr(self.rollout, "vocab_shard_range")
+                and dist.get_process_group_ranks(engine.layout.tp_group) == self.rollout_layout.group_ranks):
+            return "tp_pieces"
+        return "full"
 
     # -------------------------------------------------------------------------------------- rollout
     def _weights_changed(self) -> None:
@@ -253,8 +279,10 @@ class ActorRolloutRefWorker(Worker):
                                       "generation_timing/topk_ratio": gen_min / gen_max if gen_max > 0 else 1.0,
                                       "rollout_with_sync": total_max}
         if push_s > 0 and getattr(manager, "push_stats", None):
-            # what the push carried (a LoRA actor on vLLM: the adapter only, after the first push)
-            output.meta_info["weight_push"] = dict(manager.push_stats)
+            # what the push carried (a LoRA actor on vLLM: the adapter only, after the first push); every rank
+            # pushed, so each value is the max over ranks
+            keys = sorted(manager.push_stats)
+            output.meta_info["weight_push"] = dict(zip(keys, max_across_ranks([manager.push_stats[k] for k in keys])))
         return output
 
     def _rollout_generate(self, prompts: DataProto) -> DataProto:

@@ -224,12 +224,16 @@ def _broadcast_from(tensor: torch.Tensor | None, src_stage: int, layout: Paralle
 
 
 @torch.no_grad()
-def iter_hf_params(model: nn.Module, hf_config, value_head: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_params(model: nn.Module, hf_config, value_head: bool, stats: dict | None = None
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every weight under its HF name, full size, on every rank (collective: all ranks iterate together).
 
     Per parameter: the owning stage gathers the tensor-rank pieces and rebuilds the HF tensors, then
     broadcasts them over the pipeline. Tied causal LMs also yield ``lm_head.weight`` (rollout engines need it).
+    ``stats["recv_bytes"]`` counts what this rank received from other ranks.
     """
+    stats = stats if stats is not None else {}
+    stats["recv_bytes"] = 0
     layout = ParallelLayout()
     shapes = model_shapes(hf_config, layout.tp)
     arch = get_arch(hf_config)
@@ -244,12 +248,16 @@ def iter_hf_params(model: nn.Module, hf_config, value_head: bool) -> Iterator[tu
             return unshard(kind, [local], shapes)
         parts = [torch.empty_like(local) for _ in range(layout.tp)]
         dist.all_gather(parts, local.contiguous(), group=layout.tp_group)
+        stats["recv_bytes"] += (layout.tp - 1) * local.numel() * local.element_size()
         return unshard(kind, parts, shapes)
 
     def emit(stage: int, name: str, hf_names: tuple, kind: str):
         tensors = gathered(name, kind) if layout.pp_rank == stage else [None] * len(hf_names)
         for hf_name, t in zip(hf_names, tensors):
-            yield hf_name, _broadcast_from(t, stage, layout, dtype)
+            out = _broadcast_from(t, stage, layout, dtype)
+            if layout.pp_rank != stage:
+                stats["recv_bytes"] += out.numel() * out.element_size()
+            yield hf_name, out
 
     yield from emit(0, "embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
     for g in range(hf_config.num_hidden_layers):

@@ -337,7 +337,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         gen_batch = self._pop_gen_batch(batch)
 
         with marked_timer("gen", timing_raw, color="red"):
-            gen_output = self._generate(gen_batch, timing_raw)
+            gen_output = self._generate(gen_batch, timing_raw, metrics)
         if cfg.algorithm.adv_estimator == AdvantageEstimator.REMAX.value:
             with marked_timer("gen_max", timing_raw, color="purple"):
                 batch.batch["reward_baselines"] = self._greedy_baseline_scores(batch, gen_batch)
@@ -401,8 +401,11 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         gen_batch.meta_info["global_steps"] = self.global_steps
         return gen_batch
 
-    def _generate(self, gen_batch: DataProto, timing_raw: Optional[dict] = None) -> DataProto:
-        """Rollout with the prompts padded to a multiple of the actor's dp size (output unpadded)."""
+    def _generate(self, gen_batch: DataProto, timing_raw: Optional[dict] = None,
+                  metrics: Optional[dict] = None) -> DataProto:
+        """Rollout with the prompts padded to a multiple of the actor's dp size (output unpadded). When the
+        weights were pushed first, ``metrics`` gets ``perf/weight_push_*`` (bytes the engine loaded, bytes received
+        from other ranks, peak memory during the push: max over ranks)."""
         wg = self.actor_rollout_wg
         padded, pad_size = pad_dataproto_to_divisor(gen_batch, wg.world_size)
         output = wg.generate_sequences(padded)
@@ -413,6 +416,9 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         timing = output.meta_info.pop("timing", None) or {}
         if timing_raw is not None:
             timing_raw.update(timing)
+        push = output.meta_info.pop("weight_push", None) or {}
+        if metrics is not None:
+            metrics.update({f"perf/{key}": value for key, value in push.items()})
         return output
 
     def _greedy_baseline_scores(self, batch: DataProto, gen_batch: DataProto) -> torch.Tensor:

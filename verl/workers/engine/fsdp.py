@@ -24,7 +24,7 @@ from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.checkpoint.hf_export import save_hf_model_dir
 from verl.utils.device import module_device
 from verl.utils.fsdp_utils import (apply_fsdp2, apply_lora, build_lr_scheduler, build_optimizer, clip_grad_norm_,
-                                   enable_gradient_checkpointing, is_peft_model, iter_full_state_dict,
+                                   enable_gradient_checkpointing, gathered_bytes, is_peft_model, iter_full_state_dict,
                                    load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
                                    offload_fsdp_optimizer)
 from verl.utils.model import load_causal_lm, load_reward_model, load_value_model
@@ -246,8 +246,10 @@ class FSDPEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_full_params(self, stats: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         self.onload()
+        if stats is not None:  # the bucketed all-gather brings every rank the shards it does not hold
+            stats["recv_bytes"] = gathered_bytes(self.module)
         try:
             for name, tensor in iter_full_state_dict(self.module):
                 if not name.endswith("rotary_emb.inv_freq"):  # a derived buffer, not a weight

@@ -310,8 +310,8 @@ class MegatronEngine(TrainEngine):
         return grad_norm
 
     # ------------------------------------------------------------------ weights out
-    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from iter_hf_params(self.module, self.hf_config, self.value_head)
+    def iter_full_params(self, stats: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from iter_hf_params(self.module, self.hf_config, self.value_head, stats)
 
     @property
     def tensor_parallel_size(self) -> int:

@@ -22,8 +22,14 @@ LoRA actors, two ways:
 * merged (``lora_merge=True``, or an engine without adapter support): the adapters are merged on the fly
   (``W + scale * B @ A``) and the full model pushed under plain HF names every time.
 
-``push_stats`` holds ``weight_push_tensors`` / ``weight_push_bytes`` / ``weight_push_base`` (1 when base weights
-went out) of the last push.
+``push_stats`` holds, for the last push: ``weight_push_tensors`` / ``weight_push_bytes`` (what this rank's engine
+loaded), ``weight_push_base`` (1 when base weights went out), ``weight_push_recv_bytes`` (what this rank received
+from other ranks to build the stream, when the stream reports it) and ``weight_push_peak_mem_gb`` (this process's
+peak memory while pushing: resident memory on CPU, allocated accelerator memory otherwise).
+
+``tp_pieces=True``: the stream carries this rank's tensor-parallel pieces (a Megatron actor with the rollout's
+tensor-parallel size), and the engine copies them in without narrowing (``rollout.update_weights(...,
+tp_pieces=True)``).
 
 ``timing`` holds ``update_weights`` (seconds, 0 when no push was needed) after each ``__enter__``.
 
@@ -41,9 +47,11 @@ import re
 import time
 from typing import Callable, Iterable, Iterator
 
+import psutil
 import torch
 import torch.nn as nn
 
+from verl.utils.device import get_device_name, max_memory_allocated_gb, reset_peak_memory_stats
 from verl.utils.fsdp_utils import GATHER_BUCKET_BYTES, hf_name, is_peft_model, iter_full_state_dict
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.vllm_rollout.lora_adapter import adapter_config_dict, peft_adapter_name
@@ -151,6 +159,30 @@ def lora_adapter_config(module: nn.Module) -> dict:
     return adapter_config_dict(next(iter(configs.values())))
 
 
+class PeakMemory:
+    """This process's peak memory over a weight stream: resident set size sampled at every tensor on CPU, the
+    accelerator's allocation peak otherwise (its peak counter is reset when the push starts)."""
+
+    def __init__(self):
+        self.on_cpu = get_device_name() == "cpu"
+        self._process = psutil.Process()
+        self._peak = self._process.memory_info().rss if self.on_cpu else 0
+        if not self.on_cpu:
+            reset_peak_memory_stats()
+
+    def watch(self, stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for item in stream:
+            if self.on_cpu:
+                self._peak = max(self._peak, self._process.memory_info().rss)
+            yield item
+
+    def peak_gb(self) -> float:
+        if self.on_cpu:
+            self._peak = max(self._peak, self._process.memory_info().rss)
+            return self._peak / 1024**3
+        return max_memory_allocated_gb()
+
+
 class FSDPRolloutShardingManager(BaseShardingManager):
     """Pushes the FSDP actor's weights into a :class:`BaseRollout` when they changed; see the module docstring.
 
@@ -169,8 +201,11 @@ class FSDPRolloutShardingManager(BaseShardingManager):
     def __init__(self, module: nn.Module, rollout: BaseRollout, *, full_state_iter: Callable | None = None,
                  device_mesh=None, offload_param: bool = False, skip_weight_sync: bool | None = None,
                  lora_merge: bool = False, base_state_iter: Callable | None = None,
-                 adapter_state_iter: Callable | None = None, layered_summon: bool = False, **_ignored):
+                 adapter_state_iter: Callable | None = None, layered_summon: bool = False, tp_pieces: bool = False,
+                 stream_stats: dict | None = None, **_ignored):
         self.module = module
+        self.tp_pieces = bool(tp_pieces)
+        self.stream_stats = stream_stats if stream_stats is not None else {}
         self.layered_summon = bool(layered_summon)
         self.rollout = rollout
         self.device_mesh = device_mesh
@@ -214,19 +249,25 @@ class FSDPRolloutShardingManager(BaseShardingManager):
         start = time.perf_counter()
         tensors = nbytes = 0.0
         sent_base = True
+        self.stream_stats.clear()
+        peak = PeakMemory()
         if self.lora_adapter_push:
             sent_base = not self._base_pushed
             if sent_base:  # the frozen base goes out once (the engine may hold dummy or stale weights)
-                self.rollout.update_weights(self.base_state_iter(self.module))
+                self.rollout.update_weights(peak.watch(self.base_state_iter(self.module)))
                 tensors, nbytes = self._engine_stats()
                 self._base_pushed = True
-            self.rollout.update_lora_adapter(self.adapter_state_iter(self.module),
+            self.rollout.update_lora_adapter(peak.watch(self.adapter_state_iter(self.module)),
                                              lora_adapter_config(self.module))
+        elif self.tp_pieces:
+            self.rollout.update_weights(peak.watch(self.full_state_iter(self.module)), tp_pieces=True)
         else:
-            self.rollout.update_weights(self.full_state_iter(self.module))
+            self.rollout.update_weights(peak.watch(self.full_state_iter(self.module)))
         last_tensors, last_bytes = self._engine_stats()
         self.push_stats = {"weight_push_tensors": tensors + last_tensors, "weight_push_bytes": nbytes + last_bytes,
-                           "weight_push_base": float(sent_base)}
+                           "weight_push_base": float(sent_base), "weight_push_peak_mem_gb": peak.peak_gb()}
+        if "recv_bytes" in self.stream_stats:
+            self.push_stats["weight_push_recv_bytes"] = float(self.stream_stats["recv_bytes"])
         self.num_pushes += 1
         return time.perf_counter() - start
 

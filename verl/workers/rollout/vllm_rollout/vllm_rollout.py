@@ -41,7 +41,7 @@ from verl.utils.device import get_device_name
 from verl.utils.hf_experts import unfuse_expert_weights
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
                                    quiet_push_info_logs, quiet_rotary_reload_warning, quiet_set_num_threads_warning,
-                                   shutdown_llm)
+                                   shutdown_llm, unique_cpu_shm_names, unlink_cpu_shm)
 
 from ..async_server import TokenOutput
 from ..base import BaseRollout
@@ -220,10 +220,26 @@ class vLLMRollout(BaseRollout):
         self._keep_default_pg = dist.is_available() and dist.is_initialized()
         from vllm import LLM  # optional heavy dependency: imported only when a vLLM rollout is built
 
+        tp = int(self.engine_kwargs["tensor_parallel_size"])
+        if tp > 1:
+            if not self._keep_default_pg or dist.get_world_size() % tp:
+                raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: a tensor-parallel "
+                                   "engine spans worker processes; build it in a torch.distributed world whose size "
+                                   f"{tp} divides (now: {dist.get_world_size() if self._keep_default_pg else 'none'})")
+        shm_ident = None
+        if tp > 1 and self.on_cpu:
+            # one run's engines share this name; it must differ from every other run's on this machine
+            shm_ident = f"verl-{os.environ.get('MASTER_ADDR', '')}-{os.environ.get('MASTER_PORT', '')}-"
+            unique_cpu_shm_names(shm_ident)
+            dist.barrier()
+
         quiet_set_num_threads_warning()
         start = time.perf_counter()
         self.llm = LLM(**self.engine_kwargs)
         self.init_seconds = time.perf_counter() - start
+        if shm_ident is not None:
+            dist.barrier()  # every rank has mapped the engines' shared memory: its names can go
+            unlink_cpu_shm(shm_ident)
         self._finalizer = guard_engine_finalizer(self.llm, self._keep_default_pg)
         self._sleeping = False
 
@@ -244,7 +260,8 @@ class vLLMRollout(BaseRollout):
         self.tensor_parallel_rank = self.llm.apply_model(_engine_tp_rank)[0]
 
     # ------------------------------------------------------------------------------------------ weights
-    def _engine_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def _engine_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]], tie_lm_head: bool = True
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named tensors as vLLM's loader wants them, counted as they pass (one tensor held at a time).
 
         Floating-point tensors are cast to the engine's dtype here (vLLM would cast too, with a warning per tensor).
@@ -268,7 +285,7 @@ class vLLMRollout(BaseRollout):
             count += 1
             nbytes += tensor.numel() * tensor.element_size()
             yield name, tensor
-        if self.tie_word_embeddings and not seen_lm_head and embed is not None:
+        if tie_lm_head and self.tie_word_embeddings and not seen_lm_head and embed is not None:
             yield "lm_head.weight", embed
         self.last_update_stats = {"num_tensors": float(count), "num_bytes": float(nbytes)}
 
@@ -299,7 +316,8 @@ class vLLMRollout(BaseRollout):
         start = time.perf_counter()
         if self.push_path is None:
             self.push_path = self._choose_push_path()
-        stream = self._engine_stream(named_tensors)
+        # pieces go straight into the engine's parameters, where a tied output layer is the embedding itself
+        stream = self._engine_stream(named_tensors, tie_lm_head=not tp_pieces)
         # vLLM warns about the (computed, never loaded) rotary cache and logs two info lines per push
         with quiet_rotary_reload_warning(), quiet_push_info_logs():
             if tp_pieces:
