@@ -143,3 +143,65 @@ class CriticRole(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def info(self):
         return {"role": "critic", "pid": os.getpid(), "rank": self.rank, "bias": self.bias}
+
+
+class RecordingEngine:
+    """A stand-in engine for dispatch tests: 'generates' by echoing the prompt ids and records every batch."""
+
+    def __init__(self):
+        self.batches = []
+
+    def generate_requests(self, requests):
+        self.batches.append([(list(r.prompt_ids), r.request_id) for r in requests])
+        return [list(r.prompt_ids) for r in requests]
+
+
+class EngineGroupWorker(Worker):
+    """Workers in the rollout layout of ``rollout.tensor_model_parallel_size = tp``: the "rollout" mesh dispatches
+    prompts over the engines; inside an engine, tensor rank 0 leads the request-level calls."""
+
+    def __init__(self, tp: int):
+        super().__init__()
+        import torch.distributed as dist
+
+        from verl.utils.device import get_dist_backend
+        from verl.workers.rollout.engine_group import new_engine_groups
+        from verl.workers.rollout.layout import rollout_layout
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend=get_dist_backend())
+        self.layout = rollout_layout(dist.get_world_size(), dist.get_rank(), tp)
+        self._register_dispatch_collect_info("rollout", dp_rank=self.layout.dp_rank, is_collect=self.layout.is_collect)
+        self.group, self.leader = new_engine_groups(self.layout.all_groups())
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("rollout"))
+    def generate(self, data: DataProto) -> DataProto:
+        """Request-level generation in two engine batches (the leader decides them); every rank of the engine must
+        have run the same batches, checked here across the engine."""
+        import torch.distributed as dist
+
+        from verl.workers.rollout.async_server import RolloutRequest
+        from verl.workers.rollout.engine_group import EngineGroupLeader, follow_engine_leader
+
+        engine = RecordingEngine()
+        ids = data.batch["ids"].tolist()
+        if self.layout.is_collect:
+            leader = EngineGroupLeader(engine, self.group, self.leader)
+            try:
+                half = len(ids) // 2
+                for part in (ids[:half], ids[half:]):
+                    leader.generate_requests([RolloutRequest(prompt_ids=[i], params={"n": 1}, request_id=str(i))
+                                              for i in part])
+            finally:
+                leader.finish()
+        else:
+            follow_engine_leader(engine, self.group, self.leader)
+        seen = [None] * self.layout.tp
+        dist.all_gather_object(seen, engine.batches, group=self.group)
+        same = all(batches == seen[0] for batches in seen)
+        generated = [i for batch in engine.batches for i, _ in batch]
+        n = len(generated)
+        return DataProto.from_dict({"ids": torch.tensor(generated).reshape(n, 1),
+                                    "rank": torch.full((n,), self.rank, dtype=torch.long),
+                                    "engine": torch.full((n,), self.layout.dp_rank, dtype=torch.long),
+                                    "same_batches": torch.full((n,), int(same), dtype=torch.long)})

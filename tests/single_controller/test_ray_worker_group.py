@@ -13,7 +13,7 @@ import pytest
 import ray  # a hard requirement: a broken install must fail here, not skip
 import sc_test_workers
 import torch
-from sc_test_workers import ActorRole, CriticRole, EchoWorker
+from sc_test_workers import ActorRole, CriticRole, EchoWorker, EngineGroupWorker
 
 from verl.protocol import DataProto, DataProtoFuture
 from verl.single_controller.ray import (
@@ -309,3 +309,21 @@ def test_pool_that_cannot_fit_fails_with_resources_named(local_ray):
     pool = RayResourcePool([3], use_gpu=False, num_cpus_per_process=1.0)  # 3 CPUs on a 2-CPU cluster
     with pytest.raises(RuntimeError, match=r"could not reserve 3 bundles of \{CPU=1\}"):
         pool.get_placement_groups()
+
+
+def test_rollout_engines_dispatch_each_prompt_once_in_order(local_ray):
+    """4 workers in engines of 2 (rollout tensor parallel 2): prompts split over the 2 engines only; both ranks of
+    an engine run the same request batches (tensor rank 0 leads, the other replays); each prompt is generated
+    exactly once and the results come back in prompt order from tensor rank 0 of each engine."""
+    pool = RayResourcePool([4], use_gpu=False, num_cpus_per_process=0.5)
+    try:
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(EngineGroupWorker, tp=2))
+        prompts = DataProto.from_dict({"ids": torch.arange(8).reshape(8, 1)})
+        out = wg.generate(prompts)
+        assert out.batch["ids"].flatten().tolist() == list(range(8))
+        assert out.batch["engine"].tolist() == [0] * 4 + [1] * 4
+        assert out.batch["rank"].tolist() == [0] * 4 + [2] * 4
+        assert out.batch["same_batches"].tolist() == [1] * 8
+        assert wg._query_dispatch_info("rollout") == [0, 0, 1, 1]
+    finally:
+        pool.remove()

@@ -31,7 +31,7 @@ def ppo(assets, *extra):
         return compose(config_name="ppo_trainer", overrides=[
             f"data.train_files={assets / 'train.parquet'}", f"data.val_files={assets / 'train.parquet'}",
             f"actor_rollout_ref.model.path={assets / 'model'}", "actor_rollout_ref.rollout.name=hf",
-            "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=2", *extra])

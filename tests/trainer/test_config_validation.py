@@ -31,6 +31,7 @@ def good_overrides(assets):
         f"actor_rollout_ref.model.path={assets / 'model'}",
         f"critic.model.path={assets / 'model'}",
         "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # verl's default is 2; hf engines are one process
         "data.train_batch_size=8",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

@@ -46,7 +46,7 @@ def assets(tmp_path_factory):
             "test": data / "test.parquet", "reward": root / "reward.py"}
 
 
-def grpo_args(a, *extra, workers=2, lr=1e-3):
+def grpo_args(a, *extra, workers=2, lr=1e-3, rollout_tp=1):
     """verl's GRPO quickstart line with rollout.name=vllm, scaled to the tiny model and two CPU workers."""
     return [
         "algorithm.adv_estimator=grpo",
@@ -64,7 +64,7 @@ def grpo_args(a, *extra, workers=2, lr=1e-3):
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.dtype=float32",
         "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout_tp}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.rollout.max_num_seqs=64",
         "algorithm.use_kl_in_reward=False",
@@ -99,13 +99,24 @@ def run_main(run_dir: Path, args, **env_extra):
     return steps
 
 
-def test_grpo_vllm_rollout_matches_trainer_every_step(assets, tmp_path):
-    # load_format=dummy (verl's default): the engine starts with random weights, so step 1 is only right if the
-    # first push happened
-    # first push happened. Decoupled truncated IS on (rollout_is=token): with the engine in sync every weight
-    # pi_old/pi_rollout is 1 up to float rounding.
-    metrics = run_main(tmp_path / "synced", grpo_args(assets, "actor_rollout_ref.rollout.load_format=dummy",
-                                                      "algorithm.rollout_correction.rollout_is=token"))
+def engine_layouts(run_dir: Path) -> list[str]:
+    """What each rollout worker printed at start about the engine it runs (read from the engine)."""
+    return sorted(line.split("[rollout] ", 1)[1].strip() for line in (run_dir / "log.txt").read_text().splitlines()
+                  if "[rollout] rank" in line)
+
+
+def test_grpo_vllm_tp2_rollout_matches_trainer_every_step_and_resumes(assets, tmp_path):
+    """FSDP over 2 ranks trains; one vLLM engine spans both processes (rollout tensor parallel 2). The engine
+    reports the layout it runs; after every push the engine agrees with the trainer; the run resumes from its
+    checkpoint. load_format=dummy (verl's default): the engine starts with random weights, so step 1 is only right
+    if the first push happened. Decoupled truncated IS on (rollout_is=token): with the engine in sync every weight
+    pi_old/pi_rollout is 1 up to float rounding."""
+    run = tmp_path / "synced"
+    args = grpo_args(assets, "actor_rollout_ref.rollout.load_format=dummy",
+                     "algorithm.rollout_correction.rollout_is=token", rollout_tp=2)
+    metrics = run_main(run, [*args, "trainer.save_freq=3"])
+    assert engine_layouts(run) == ["rank 0: vllm engine 0 of 1, tensor_parallel_size=2, tensor rank 0",
+                                   "rank 1: vllm engine 0 of 1, tensor_parallel_size=2, tensor rank 1"]
     assert sorted(metrics) == list(range(1, STEPS + 1))
     for step, m in metrics.items():
         assert m["training/rollout_probs_diff_max"] <= 1e-3, (step, m["training/rollout_probs_diff_max"])
@@ -113,8 +124,18 @@ def test_grpo_vllm_rollout_matches_trainer_every_step(assets, tmp_path):
         assert m["timing_s/old_log_prob"] > 0
         for key in ("rollout_corr/rollout_is_max", "rollout_corr/rollout_is_min"):
             assert abs(m[key] - 1.0) <= 1e-3, (step, key, m[key])
+        # FSDP -> TP engine: every rank gathers the other rank's half of each sharded tensor, loads the full ones
+        assert 0 < m["perf/weight_push_recv_bytes"] < m["perf/weight_push_bytes"], m
+        assert m["perf/weight_push_peak_mem_gb"] > 0
     # the actor really moved (otherwise "in sync" would prove nothing)
     assert any(abs(m["actor/pg_loss"]) > 0 or m.get("actor/grad_norm", 0) > 0 for m in metrics.values())
+
+    ckpt = run / "checkpoints" / "verl_examples" / "gsm8k"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    (run / "metrics.jsonl").unlink()
+    resumed = run_main(run, [*args, f"trainer.total_training_steps={STEPS + 1}"])
+    assert sorted(resumed) == [STEPS + 1]
+    assert resumed[STEPS + 1]["training/rollout_probs_diff_max"] <= 1e-3, resumed
 
 
 @pytest.mark.parametrize("bypass", [False, True], ids=["recompute", "bypass"])

@@ -10,15 +10,21 @@ import sys
 import pytest
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_main_ppo_vllm import REPO, STEPS, assets, grpo_args, run_main  # noqa: E402,F401
+from test_main_ppo_vllm import REPO, STEPS, assets, engine_layouts, grpo_args, run_main  # noqa: E402,F401
 
 MEGATRON = ["--config-name=ppo_megatron_trainer"]
 
 
-def _megatron_args(a, tp, pp, *extra):
+def _megatron_args(a, tp, pp, *extra, rollout_tp=1):
     return MEGATRON + grpo_args(a, f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
                                 f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
-                                "actor_rollout_ref.rollout.load_format=dummy", *extra)
+                                "actor_rollout_ref.rollout.load_format=dummy", *extra, rollout_tp=rollout_tp)
+
+
+def _tiny_model(a):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(a["model"])
 
 
 def _in_sync(metrics, steps):
@@ -33,11 +39,15 @@ def _in_sync(metrics, steps):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 def test_megatron_tp2_grpo_checkpoint_and_resume_on_tp1(assets, tmp_path):  # noqa: F811
-    """TP=2: 3 steps in sync with vLLM and a checkpoint at step 3; then the same run resumes with TP=1 at step 4
-    (the dist-checkpoint reshards), still in sync after the push."""
+    """TP=2 training -> two TP=1 vLLM engines: 3 steps in sync with vLLM and a checkpoint at step 3; then the same
+    run resumes with TP=1 at step 4 (the dist-checkpoint reshards), still in sync after the push."""
     run = tmp_path / "run"
     metrics = run_main(run, _megatron_args(assets, 2, 1, "trainer.save_freq=3"))
     _in_sync(metrics, range(1, STEPS + 1))
+    assert engine_layouts(run) == [f"rank {r}: vllm engine {r} of 2, tensor_parallel_size=1, tensor rank 0"
+                                   for r in (0, 1)]
+    # regroup by gather: each rank receives the other tensor rank's half of every sharded weight
+    assert all(m["perf/weight_push_recv_bytes"] > 0.4 * m["perf/weight_push_bytes"] for m in metrics.values())
     ckpt = run / "checkpoints" / "verl_examples" / "gsm8k"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     assert (ckpt / "global_step_3" / "actor" / "dist_ckpt").is_dir()
@@ -50,18 +60,33 @@ def test_megatron_tp2_grpo_checkpoint_and_resume_on_tp1(assets, tmp_path):  # no
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 def test_megatron_pp2_grpo_in_sync_every_step(assets, tmp_path):  # noqa: F811
-    _in_sync(run_main(tmp_path / "pp2", _megatron_args(assets, 1, 2)), range(1, STEPS + 1))
+    """Pipeline stages 2 -> one vLLM engine of tensor parallel 2 over the same two processes: each stage sends its
+    layers to the other, each engine rank keeps its slice."""
+    run = tmp_path / "pp2"
+    _in_sync(run_main(run, _megatron_args(assets, 1, 2, rollout_tp=2)), range(1, STEPS + 1))
+    assert engine_layouts(run)[0] == "rank 0: vllm engine 0 of 1, tensor_parallel_size=2, tensor rank 0"
 
 
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 def test_megatron_ppo_with_megatron_critic(assets, tmp_path):  # noqa: F811
+    """Megatron TP=2 -> vLLM TP=2 on the same ranks: each rank hands its engine rank its own shard. No rank
+    gathers a tensor-parallel weight: what a rank receives is only the vocabulary rows that the engine's padding
+    (multiple of 64) puts on the other rank than Megatron's (multiple of 128) -- 32 rows x 128 x 4 bytes here --
+    and what it loads is about half the model. Synchronous rollout (one batch call per engine)."""
     args = _megatron_args(assets, 2, 1, "algorithm.adv_estimator=gae", f"critic.model.path={assets['model']}",
                           "critic.optim.lr=1e-3", "critic.ppo_micro_batch_size_per_gpu=8",
-                          "critic.model.fsdp_config.dtype=fp32", "critic.model.fsdp_config.model_dtype=fp32")
-    metrics = run_main(tmp_path / "ppo", args)
+                          "critic.model.fsdp_config.dtype=fp32", "critic.model.fsdp_config.model_dtype=fp32",
+                          "actor_rollout_ref.rollout.mode=sync", rollout_tp=2)
+    run = tmp_path / "ppo"
+    metrics = run_main(run, args)
     _in_sync(metrics, range(1, STEPS + 1))
+    assert "[rollout] weight push: tp_pieces" in (run / "log.txt").read_text()
+    full_model_bytes = 4 * sum(p.numel() for p in _tiny_model(assets).parameters())  # fp32, tied output layer
+    for m in metrics.values():
+        assert m["perf/weight_push_recv_bytes"] == 32 * 128 * 4, m
+        assert 0.45 * full_model_bytes < m["perf/weight_push_bytes"] < 0.6 * full_model_bytes, (m, full_model_bytes)
     assert all(m["critic/vf_loss"] > 0 for m in metrics.values())
     assert any(m["critic/grad_norm"] > 0 for m in metrics.values())
 
@@ -85,6 +110,21 @@ def test_bad_megatron_sizes_fail_before_workers(assets, tmp_path, override, expe
     args = MEGATRON + grpo_args(assets, override, workers=6)
     out = _fails_before_workers(tmp_path, args)
     assert expected in out, out[-3000:]
+
+
+@pytest.mark.parametrize("extra,rollout_tp,expected", [
+    ((), 3, "tensor_model_parallel_size=3 must divide the number of rollout workers"),
+    (("actor_rollout_ref.rollout.name=hf",), 2, "tensor_model_parallel_size=2 with actor_rollout_ref.rollout.name=hf"),
+], ids=["not-dividing-workers", "hf"])
+def test_bad_rollout_layout_fails_before_workers(assets, tmp_path, extra, rollout_tp, expected):  # noqa: F811
+    out = _fails_before_workers(tmp_path, grpo_args(assets, *extra, rollout_tp=rollout_tp))
+    assert f"Config error: actor_rollout_ref.rollout.{expected}" in out, out[-3000:]
+
+
+def test_rollout_tp_not_dividing_kv_heads(assets, tmp_path):  # noqa: F811
+    # the tiny model has 4 heads and 2 key/value heads: 4 engine ranks would split a key/value head
+    out = _fails_before_workers(tmp_path, grpo_args(assets, workers=4, rollout_tp=4))
+    assert "key/value heads (2)" in out and "rollout.tensor_model_parallel_size=4" in out, out[-3000:]
 
 
 def test_tp_not_dividing_heads(assets, tmp_path):  # noqa: F811

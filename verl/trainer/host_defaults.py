@@ -47,7 +47,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.device import cpu_has_native_bf16, onednn_isa_cap, resolve_device
 
-__all__ = ["HostChoices", "resolve_host_defaults", "explicit_override_keys", "old_log_prob_update_blocker",
+__all__ = ["HostChoices", "resolve_host_defaults", "resolve_rollout_tp", "explicit_override_keys",
+           "old_log_prob_update_blocker",
            "COMPUTE_DTYPE_KEYS", "CHECKPOINTING_KEYS", "OLD_LOG_PROB_KEY", "SHARE_PREFIX_KEY"]
 
 AR = "actor_rollout_ref"
@@ -201,22 +202,27 @@ def foreground_ray_workers() -> tuple[list, list]:
     return kept, changed
 
 
-def _resolve_rollout_tp(config: DictConfig, device: str, explicit: set[str], defaults: DictConfig,
-                        choices: HostChoices) -> None:
-    """verl's default engine tensor-parallel size (2) -> 1 where it cannot or should not apply (module docstring)."""
+def resolve_rollout_tp(config: DictConfig, device: str, explicit: set[str] | None = None,
+                       defaults: DictConfig | None = None) -> tuple | None:
+    """verl's default engine tensor-parallel size (2), when the user did not set it, becomes 1 where it cannot or
+    should not apply (module docstring); returns the ``(key, old, new, why)`` change, or None. Idempotent: the
+    driver applies it with the host-aware defaults and the config check applies it again."""
     tp = OmegaConf.select(config, ROLLOUT_TP_KEY, default=None)
     name = OmegaConf.select(config, f"{AR}.rollout.name", default=None)
-    if not isinstance(tp, int) or tp == 1 or _user_set(config, ROLLOUT_TP_KEY, explicit, defaults):
-        return
+    if not isinstance(tp, int) or tp == 1:
+        return None
+    defaults = defaults if defaults is not None else _shipped_defaults()
+    if _user_set(config, ROLLOUT_TP_KEY, explicit or set(), defaults):
+        return None
     if name == "hf":
         why = "HF generate runs one model per process (no tensor parallelism)"
     elif device == "cpu" and name == "vllm":
         why = ("on CPU every engine shares the same cores: one engine per worker process generates without a "
                "collective per layer")
     else:
-        return
+        return None
     _set(config, ROLLOUT_TP_KEY, 1)
-    choices.changed.append((ROLLOUT_TP_KEY, tp, 1, why))
+    return ROLLOUT_TP_KEY, tp, 1, why
 
 
 def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
@@ -229,7 +235,9 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
     choices = HostChoices(device=device)
     explicit = explicit or set()
     defaults = defaults if defaults is not None else _shipped_defaults()
-    _resolve_rollout_tp(config, device, explicit, defaults, choices)
+    change = resolve_rollout_tp(config, device, explicit, defaults)
+    if change is not None:
+        choices.changed.append(change)
     if device != "cpu":
         return choices
     choices.isa = _cpu_isa()

@@ -56,6 +56,8 @@ _NO_EFFECT = {
     "rollout.calculate_log_probs": "batch generation writes no log-probs",
     "rollout.mode": "batch generation uses the synchronous engine",
     "rollout.data_parallel_size": "one engine in this process does the whole batch",
+    "rollout.tensor_model_parallel_size": "batch generation runs one engine in this one process; use 1 "
+                                          "(tensor-parallel engines run inside main_ppo's workers)",
     "rollout.n": "the number of responses per prompt is data.n_samples",
     "rollout.engine_kwargs.sglang": "only rollout.name=vllm|hf are available here",
     "ray_init.num_cpus": "batch generation runs in this process, without Ray",

@@ -9,8 +9,11 @@ model replica between them, so they all receive that rank's chunk, and the resul
 one of them (tensor rank 0 of the last pipeline stage, where outputs are computed). Per-device batch sizes
 divide by the data-parallel size ``world / (tp * pp)``.
 
-Generation is unchanged: every process runs its own rollout engine on its share of the prompts, with the full
-weights streamed in from the Megatron shards (gathered per parameter) before each generation.
+Generation follows the rollout layout (``rollout.tensor_model_parallel_size = t``, independent of Megatron's):
+engines of t consecutive ranks each. When t equals Megatron's tensor-parallel size the engines are exactly the
+Megatron tensor groups, and each rank hands its engine rank its own shard (no gather; only the vocabulary rows
+whose padding differs move). Otherwise the full weights are streamed in from the Megatron shards (gathered per
+parameter, pipeline stages broadcasting their layers) and each engine rank keeps its slice.
 
 Process layout (megatron's order): tensor rank fastest, then data-parallel rank, then pipeline stage.
 """

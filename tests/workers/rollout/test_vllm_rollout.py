@@ -124,7 +124,12 @@ def test_factory_and_engine_kwargs():
     assert build_engine_kwargs(cfg, "/m", on_cpu=True, actor_will_push=True)["load_format"] == "dummy"
     assert kw["max_model_len"] == 32 and kw["max_num_seqs"] == 7 and "swap_space" not in kw
     assert kw["enforce_eager"] and kw["kv_cache_memory_bytes"] == 123 and "gpu_memory_utilization" not in kw
-    assert kw["tensor_parallel_size"] == 1 and kw["distributed_executor_backend"] == "uni"
+    # the rollout layout from config reaches the engine as asked (TP > 1: one engine over the workers' processes)
+    assert kw["tensor_parallel_size"] == 2 and kw["distributed_executor_backend"] == "external_launcher"
+    tp1 = build_engine_kwargs(rollout_cfg(), "/m", on_cpu=True)
+    assert tp1["tensor_parallel_size"] == 1 and tp1["distributed_executor_backend"] == "uni"
+    with pytest.raises(ValueError, match="tensor_model_parallel_size"):
+        build_engine_kwargs(rollout_cfg(tensor_model_parallel_size=0), "/m", on_cpu=True)
     assert kw["logprobs_mode"] == "processed_logprobs" and kw["dtype"] == "float32"
     gpu = build_engine_kwargs(rollout_cfg(gpu_memory_utilization=0.3), "/m", on_cpu=False)
     assert gpu["gpu_memory_utilization"] == 0.3 and gpu["enable_sleep_mode"] and "kv_cache_memory_bytes" not in gpu
@@ -155,6 +160,24 @@ def test_engine_stream_casts_and_adds_tied_lm_head():
     assert torch.equal(with_head["lm_head.weight"], (2 * embed).to(torch.bfloat16))  # not overwritten
     rollout.tie_word_embeddings = False
     assert "lm_head.weight" not in dict(rollout._engine_stream(iter(stream[:1])))
+
+
+def test_no_rollout_key_is_accepted_then_changed():
+    """Every engine setting a config gives reaches vLLM's arguments with the value given (nothing replaced behind
+    the user's back, as the tensor-parallel size once was)."""
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import build_engine_kwargs
+
+    given = dict(tensor_model_parallel_size=4, max_model_len=64, max_num_seqs=5, max_num_batched_tokens=96,
+                 enable_chunked_prefill=True, enable_prefix_caching=False, logprobs_mode="raw_logprobs", seed=7,
+                 dtype="bfloat16", disable_log_stats=False, load_format="auto")
+    engine_name = dict(tensor_model_parallel_size="tensor_parallel_size")
+    for on_cpu in (True, False):
+        kw = build_engine_kwargs(rollout_cfg(**given), "/m", on_cpu=on_cpu)
+        for key, value in given.items():
+            assert kw[engine_name.get(key, key)] == value, (on_cpu, key, kw[engine_name.get(key, key)], value)
+    gpu = build_engine_kwargs(rollout_cfg(enforce_eager=False, free_cache_engine=False,
+                                          gpu_memory_utilization=0.7), "/m", on_cpu=False)
+    assert (gpu["enforce_eager"], gpu["enable_sleep_mode"], gpu["gpu_memory_utilization"]) == (False, False, 0.7)
 
 
 def test_cpu_kv_cache_bytes(monkeypatch):

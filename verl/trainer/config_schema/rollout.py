@@ -12,7 +12,8 @@ from verl.trainer.config_schema.spec import Section, key, section
 ROLLOUT_NAMES = ("hf", "vllm", "sglang")
 ROLLOUT_MODES = ("sync", "async")
 GPU_ONLY = "no effect (GPU engines only)"
-NO_ENGINE_PARALLEL = "the rollout engine runs tensor parallel only (rollout.tensor_model_parallel_size); use 1"
+NO_ENGINE_PARALLEL = ("the engines' data parallelism is the workers / rollout.tensor_model_parallel_size; "
+                      "engine-internal data / expert / pipeline parallelism is not available; use 1")
 AGENT_LOOP = "verl/experimental/agent_loop/"  # where the multi-turn / agent keys are read
 TRUNCATE_SIDES = ("left", "middle", "right")
 TOKEN_IN_OUT = "the agent loop keeps the exact sampled token ids (token in, token out) and never re-tokenises a turn"
@@ -124,8 +125,9 @@ class RolloutConfig(Section):
     enforce_eager: bool = key(False, "no CUDA graphs in vLLM", read_in=(VLLM,), cpu=GPU_ONLY)
     free_cache_engine: bool = key(True, "release the KV cache between rollouts", read_in=(VLLM, SGLANG))
     load_format: str = key("dummy", "how the engine gets its first weights", read_in=(VLLM, SGLANG))
-    tensor_model_parallel_size: int = key(2, "engine tensor parallel size (hf ignores it)", ge=1,
-                                          read_in=(VLLM, SGLANG))
+    tensor_model_parallel_size: int = key(2, "ranks per engine: the workers form workers / this engines (must divide "
+                                             "the workers and the model's heads; hf: 1; unset: 1 for hf and on CPU)",
+                                          ge=1, read_in=(VLLM, SGLANG, WORKERS))
     data_parallel_size: int = key(1, "engine data parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
     expert_parallel_size: int = key(1, "engine expert parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
     pipeline_model_parallel_size: int = key(1, "engine pipeline parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)

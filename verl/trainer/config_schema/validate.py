@@ -29,7 +29,8 @@ from verl.experimental.agent_loop.config import check_agent_loop_config
 from verl.trainer.config_schema.megatron import check_megatron_config
 from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, choices_message
-from verl.trainer.host_defaults import OLD_LOG_PROB_KEY, old_log_prob_update_blocker
+from verl.trainer.host_defaults import (OLD_LOG_PROB_KEY, explicit_override_keys, old_log_prob_update_blocker,
+                                        resolve_rollout_tp)
 from verl.tools.utils.tool_registry import ToolConfigError, check_tool_config
 from verl.trainer.ppo import core_algos
 from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
@@ -381,6 +382,8 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             f"or use {AR}.rollout.name=hf"
         )
     check_agent_loop_config(config.actor_rollout_ref.rollout, check_files)
+    # verl's default engine size (2) when not set: 1 for hf and on CPU (as the driver's host-aware defaults do)
+    resolve_rollout_tp(config, device, explicit_override_keys())
     try:
         check_rollout_parallel(name=rollout_name, tp=_int(config, f"{AR}.rollout.tensor_model_parallel_size"),
                                workers=_int(config, "trainer.nnodes") * _int(config, "trainer.n_gpus_per_node"),

@@ -65,6 +65,8 @@ class RolloutLayout:
 def rollout_layout(world_size: int, rank: int, tp: int) -> RolloutLayout:
     """The layout of ``world_size`` workers in engines of ``tp`` ranks; errors name the key."""
     tp = int(tp)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of {world_size} rollout workers")
     if tp < 1 or world_size % tp:
         raise ValueError(f"{KEY}={tp} must divide the number of rollout workers ({world_size}); use one of "
                          f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
@@ -73,11 +75,14 @@ def rollout_layout(world_size: int, rank: int, tp: int) -> RolloutLayout:
 
 def model_head_counts(model_path: str) -> tuple[int, int] | None:
     """(attention heads, key/value heads) from ``config.json`` of a local model directory; None when unknown."""
-    config_file = os.path.join(str(model_path), "config.json")
+    config_file = os.path.join(os.path.expanduser(str(model_path)), "config.json")
     if not os.path.isfile(config_file):
         return None
-    with open(config_file) as f:
-        config = json.load(f)
+    try:
+        with open(config_file) as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_file} is not valid JSON ({e}); the model's head counts cannot be read") from None
     config = config.get("text_config", config) if "num_attention_heads" not in config else config
     heads = config.get("num_attention_heads")
     if heads is None:

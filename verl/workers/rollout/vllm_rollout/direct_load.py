@@ -125,20 +125,23 @@ def copy_tp_pieces(model: torch.nn.Module, pieces: Iterable[tuple[str, torch.Ten
     for name, piece in pieces:
         owner, _, leaf = name.rpartition(".")
         parent, _, proj = owner.rpartition(".")
-        if proj in _QKV:
-            target = f"{parent}.qkv_proj"
-            module = modules[target]
-            q_rows, kv_rows = module.num_heads * module.head_size, module.num_kv_heads * module.head_size
-            offset = (0, q_rows, q_rows + kv_rows)[_QKV[proj]]
-        elif proj in _GATE_UP:
-            target = f"{parent}.gate_up_proj"
-            offset = _GATE_UP[proj] * params[f"{target}.{leaf}"].shape[0] // 2
-        else:
-            target, offset = owner, 0
+        rows = None  # the rows a fused target gives this piece
+        target = f"{parent}.qkv_proj" if proj in _QKV else f"{parent}.gate_up_proj" if proj in _GATE_UP else owner
         key = f"{target}.{leaf}"
         if key not in params:
             raise RuntimeError(f"weight push: the engine has no parameter for {name} (looked for {key})")
         param = params[key].data
+        offset = 0
+        if proj in _QKV:
+            module = modules[target]
+            q_rows, kv_rows = module.num_heads * module.head_size, module.num_kv_heads * module.head_size
+            offset, rows = ((0, q_rows), (q_rows, kv_rows), (q_rows + kv_rows, kv_rows))[_QKV[proj]]
+        elif proj in _GATE_UP:
+            rows = param.shape[0] // 2
+            offset = _GATE_UP[proj] * rows
+        if rows is not None and piece.shape[0] != rows:
+            raise RuntimeError(f"weight push: {name} piece has {piece.shape[0]} rows, the engine's {key} holds {rows} "
+                               "for it on this tensor rank (do the training and rollout tensor-parallel sizes match?)")
         if hasattr(modules.get(target), "shard_indices"):  # vocabulary shard: real rows first, padding zeroed
             if piece.shape[0] > param.shape[0] or piece.shape[1:] != param.shape[1:]:
                 raise RuntimeError(f"weight push: {name} piece {tuple(piece.shape)} does not fit the engine's "
@@ -146,7 +149,7 @@ def copy_tp_pieces(model: torch.nn.Module, pieces: Iterable[tuple[str, torch.Ten
             param[: piece.shape[0]].copy_(piece)
             param[piece.shape[0]:].zero_()
         else:
-            dst = param.narrow(0, offset, piece.shape[0]) if (offset or target != owner) else param
+            dst = param.narrow(0, offset, rows) if rows is not None else param
             if tuple(dst.shape) != tuple(piece.shape):
                 raise RuntimeError(f"weight push: {name} piece {tuple(piece.shape)} does not match the engine's "
                                    f"{key} slice {tuple(dst.shape)} on this tensor rank (do the training and "
