@@ -140,6 +140,8 @@ def test_lora_actor_adapter_only_push_sends_base_once(model_dir):
     names, config = engine.adapter_pushes[0]
     assert names and all(".lora_A.weight" in n or ".lora_B.weight" in n for n in names)
     assert config["r"] == 4 and sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    peak = manager.push_stats.pop("weight_push_peak_mem_gb")
+    assert 0 < peak < 1024  # this process's resident memory during the push, in GiB
     assert manager.push_stats == {"weight_push_tensors": len(base_names) + len(names),
                                   "weight_push_bytes": 1010.0, "weight_push_base": 1.0}
     manager.bump_weight_version()

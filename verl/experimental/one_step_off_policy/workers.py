@@ -42,6 +42,9 @@ class DetachRolloutWorker(ActorRolloutRefWorker):
 
     def __init__(self, config, role: str = "rollout", **kwargs):
         super().__init__(config, role=role, **kwargs)
+        if self.rollout_layout.tp > 1:
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={self.rollout_layout.tp}: the "
+                             "one-step-off-policy rollout pool runs engines of one process each; set it to 1")
         self.weight_version = 0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
