@@ -239,8 +239,8 @@ def test_vocab_regroup_over_gloo(tmp_path):
     wants = [[(0, 160), (160, 259)],  # vLLM's 160-row shards: rows 160..192 go from rank 0 to rank 1
              [(100, 259), (0, 100)],  # crossed: each rank mostly wants the other's rows
              [(0, 192), (192, 259)]]  # the same split: nothing crosses
-    # fork: the children need no fresh interpreter (a spawned one spends seconds importing torch again)
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    # spawn: a forked child would inherit a default process group another test left in this process
+    method = "spawn"
     mp.start_processes(_regroup_worker, args=(world, _free_port(), str(tmp_path), full, rows, vocab, wants),
                        nprocs=world, join=True, start_method=method)
     for i, want in enumerate(wants):
