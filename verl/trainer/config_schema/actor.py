@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, STRATEGIES,
                                                CheckpointConfig, FollowingMegatronConfig, FSDPConfig, MegatronConfig,
                                                OptimConfig, RefFSDPConfig)
-from verl.trainer.config_schema.places import BATCH_SIZES, LOSS, MAIN, MODEL, RUNNER, TRAINER, WORKERS
+from verl.trainer.config_schema.places import BATCH_SIZES, ENGINE, LOSS, MAIN, MODEL, RUNNER, TRAINER, WORKERS
 from verl.trainer.config_schema.spec import Section, key, section
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -17,8 +17,9 @@ ROLLOUT_N = "actor_rollout_ref.rollout.n"
 
 @dataclass(frozen=True)
 class FusedKernelOptions(Section):
-    impl_backend: str = key("torch", "backend of the fused log-prob kernels", choices=("torch", "triton"),
-                            unsupported="fused kernels are not available (model.use_fused_kernels); leave torch")
+    impl_backend: str = key("torch", "backend of the chunked log-prob head", choices=("torch", "triton"),
+                            unsupported="the triton fused kernels are not available; leave torch "
+                                        "(model.use_fused_kernels=True runs the chunked torch head)")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,9 @@ class ModelConfig(Section):
                                            unsupported="loading an existing LoRA adapter is not available; leave null "
                                                        "(lora_rank > 0 trains new adapters)")
     use_liger: bool = key(False, "liger kernels", unsupported="liger kernels are CUDA-only and not wired in; use False")
-    use_fused_kernels: bool = key(False, "fused log-prob kernels", unsupported="fused kernels are not available; use False")
+    use_fused_kernels: bool = key(False, "log-probs and entropies computed from hidden states in chunks of tokens, "
+                                         "never holding [tokens, vocab] logits (FSDP engine; same values)",
+                                  read_in=(ENGINE,))
     fused_kernel_options: FusedKernelOptions = section(FusedKernelOptions)
 
 
@@ -112,8 +115,8 @@ class ActorConfig(Section):
     use_torch_compile: bool = key(True, "torch.compile the log-prob/entropy path", unsupported=NO_COMPILE)
     rollout_n: int = key(1, "samples per prompt as the actor sees it", ge=1, follows=ROLLOUT_N,
                          unsupported="the actor reads actor_rollout_ref.rollout.n; set that instead")
-    use_fused_kernels: bool = key(False, "fused log-prob kernels", follows="actor_rollout_ref.model.use_fused_kernels",
-                                  unsupported="fused kernels are not available; use False")
+    use_fused_kernels: bool = key(False, "chunked log-prob head for the actor", follows="actor_rollout_ref.model.use_fused_kernels",
+                                  read_in=(ENGINE,))
     use_remove_padding: bool = key(False, "pack sequences without padding",
                                    follows="actor_rollout_ref.model.use_remove_padding", read_in=(WORKERS,))
     grad_clip: Optional[float] = key(1.0, "max gradient norm (null: optim.clip_grad)", ge=0, read_in=(WORKERS,))

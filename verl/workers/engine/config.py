@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from verl.utils.chunked_head import DEFAULT_CHUNK_SIZE
 from verl.utils.config import cfg_get
 
 __all__ = ["EngineConfig", "plain", "actor_engine_config", "ref_engine_config", "critic_engine_config",
@@ -61,6 +62,7 @@ class EngineConfig:
     megatron: dict = field(default_factory=dict)  # <role>.megatron.* (strategy=megatron: parallel sizes)
     ulysses_sequence_parallel_size: int = 1  # ranks that split one packed sequence (FSDP engine)
     share_prompt_prefix: bool = False  # rows sharing a prompt computed as one packed row (FSDP engine)
+    fused_chunk_size: int = 0  # model.use_fused_kernels: log-probs from hidden states in chunks of tokens (0: off)
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
@@ -101,6 +103,15 @@ def _sp_size(role_cfg: Any, default: int = 1) -> int:
     return int(value)
 
 
+def _fused_chunk_size(model_cfg: Any, role_cfg: Any = None) -> int:
+    """``<role>.use_fused_kernels`` (else ``model.use_fused_kernels``; ``fused_kernel_options.impl_backend`` torch)
+    -> tokens per chunk of the chunked output layer (0: the plain logits path)."""
+    fused = cfg_get(role_cfg, "use_fused_kernels", None) if role_cfg is not None else None
+    if fused is None:
+        fused = cfg_get(model_cfg, "use_fused_kernels", False)
+    return DEFAULT_CHUNK_SIZE if bool(fused) else 0
+
+
 def actor_engine_config(arr_cfg: Any) -> EngineConfig:
     """The trainable policy of ``actor_rollout_ref`` (``model.*`` + ``actor.*``)."""
     model, actor = cfg_get(arr_cfg, "model"), cfg_get(arr_cfg, "actor")
@@ -117,6 +128,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         megatron=plain(cfg_get(actor, "megatron")) or {},
         ulysses_sequence_parallel_size=_sp_size(actor),
         share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
+        fused_chunk_size=_fused_chunk_size(model, actor),
         **_common(model, cfg_get(actor, "fsdp_config")),
     )
 
@@ -130,6 +142,7 @@ def ref_engine_config(arr_cfg: Any) -> EngineConfig:
                         use_remove_padding=bool(remove_padding), megatron=plain(cfg_get(ref, "megatron")) or {},
                         ulysses_sequence_parallel_size=_sp_size(ref, _sp_size(actor)),
                         share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
+                        fused_chunk_size=_fused_chunk_size(model),
                         **_common(model, cfg_get(ref, "fsdp_config")))
 
 

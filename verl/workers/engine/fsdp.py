@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.chunked_head import output_layer
 from verl.utils.checkpoint.hf_export import save_hf_model_dir
 from verl.utils.device import module_device
 from verl.utils.fsdp_utils import (apply_fsdp2, apply_lora, build_lr_scheduler, build_optimizer, clip_grad_norm_,
@@ -67,8 +68,13 @@ class FSDPEngine(TrainEngine):
                  dp_group=None, use_remove_padding: bool = False, grad_clip: float | None = None,
                  param_offload: bool = False, optimizer_offload: bool = False, checkpoint_config=None,
                  tokenizer=None, name: str = "engine", ulysses: UlyssesGroups | None = None,
-                 share_prompt_prefix: bool = False):
+                 share_prompt_prefix: bool = False, fused_chunk_size: int = 0):
         self.module = module
+        # model.use_fused_kernels: log-probs / entropies from hidden states in chunks (no [tokens, vocab] logits)
+        self.fused_chunk_size = int(fused_chunk_size)
+        if self.fused_chunk_size and output_layer(module) is None:
+            raise ValueError(f"{name}: actor_rollout_ref.model.use_fused_kernels=True needs a causal LM whose output "
+                             "layer is a bias-free linear layer; set it to False for this model")
         self.ulysses = ulysses if ulysses is not None and ulysses.sp_size > 1 else None
         if self.ulysses is not None:
             if not use_remove_padding:
@@ -134,7 +140,7 @@ class FSDPEngine(TrainEngine):
                      grad_clip=config.grad_clip, param_offload=config.param_offload,
                      optimizer_offload=config.optimizer_offload, checkpoint_config=config.checkpoint,
                      tokenizer=tokenizer, name=config.name, ulysses=ulysses,
-                     share_prompt_prefix=config.share_prompt_prefix)
+                     share_prompt_prefix=config.share_prompt_prefix, fused_chunk_size=config.fused_chunk_size)
         engine.offload()
         return engine
 
@@ -166,7 +172,8 @@ class FSDPEngine(TrainEngine):
                     logger.warning("%s: rows that share a prompt are computed as one packed row per prompt "
                                    "(share_prompt_prefix)", self.name)
             entropy, log_probs = grouped if grouped is not None else forward_log_probs(
-                self.module, micro, temperature, "entropy" in outputs, self.use_remove_padding, entropy_grad)
+                self.module, micro, temperature, "entropy" in outputs, self.use_remove_padding, entropy_grad,
+                self.fused_chunk_size)
             out["log_probs"] = log_probs
             if entropy is not None:
                 out["entropy"] = entropy

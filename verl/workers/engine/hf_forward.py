@@ -21,6 +21,7 @@ import inspect
 import torch
 from torch import nn
 
+from verl.utils.chunked_head import hidden_state_head
 from verl.utils.dataset.vision_utils import unpad_multi_modal_inputs
 from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
                                 unpack_to_padded, valid_column_span)
@@ -51,14 +52,27 @@ def accepts_logits_to_keep(module: nn.Module) -> bool:
     return callable(base) and base() is not module and accepts_logits_to_keep(base())
 
 
+def _next_tokens(input_ids: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """The label of every position in ``[start, stop)``: the next token (0 past the end, where nothing is scored)."""
+    labels = input_ids[:, start + 1 : stop + 1]
+    missing = (stop - start) - labels.shape[1]
+    return torch.nn.functional.pad(labels, (0, missing)) if missing > 0 else labels
+
+
 def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, calculate_entropy: bool = False,
-                      use_remove_padding: bool = False, entropy_grad: bool = True):
+                      use_remove_padding: bool = False, entropy_grad: bool = True, fused_chunk_size: int = 0):
     """Log-probs (and entropies) of the response tokens of one micro-batch: returns ``(entropy, log_probs)``.
 
     ``micro_batch`` holds ``input_ids``, ``attention_mask``, ``position_ids`` (B, T) and ``responses`` (B, R);
     the response occupies the last R columns. Logits are divided by ``temperature`` before the softmax.
     ``entropy_grad=False`` computes the entropy from detached logits (a metric only: no graph is kept for it).
+    ``fused_chunk_size > 0`` (``model.use_fused_kernels``): the output layer computes log-probs and entropies in
+    chunks of that many tokens from the hidden states, never holding ``[tokens, vocab]`` logits
+    (``verl.utils.chunked_head``); same values and gradients.
     """
+    if fused_chunk_size > 0:
+        return _fused_log_probs(module, micro_batch, temperature, calculate_entropy, use_remove_padding,
+                                entropy_grad, fused_chunk_size)
     input_ids = micro_batch["input_ids"]
     attention_mask = micro_batch["attention_mask"]
     position_ids = micro_batch["position_ids"]
@@ -92,6 +106,43 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
         if calculate_entropy:
             ent = entropy_for_loss(logits, entropy_grad)
             entropy = place_response_window(ent, response_length, first)
+    return entropy, log_probs.float()
+
+
+def _fused_log_probs(module: nn.Module, micro_batch, temperature: float, calculate_entropy: bool,
+                     use_remove_padding: bool, entropy_grad, chunk_size: int):
+    """:func:`forward_log_probs` with the chunked output layer (same layouts: pack, trim, padded)."""
+    input_ids = micro_batch["input_ids"]
+    attention_mask = micro_batch["attention_mask"]
+    position_ids = micro_batch["position_ids"]
+    response_length = micro_batch["responses"].shape[-1]
+    batch, seqlen = input_ids.shape
+    mode = remove_padding_mode(module) if use_remove_padding else "padded"
+    entropy = None
+    if mode == "pack":
+        ids, pos, indices, _ = pack_batch(input_ids, attention_mask, position_ids)
+        labels = torch.roll(ids, shifts=-1, dims=-1)  # token t+1 is the label of position t (wrap-around is masked)
+        with hidden_state_head(module, labels, temperature, chunk_size, calculate_entropy):
+            out = module(input_ids=ids, attention_mask=None, use_cache=False,
+                         **_model_inputs(micro_batch, pos, batch_first=False)).logits[0]
+        log_probs = unpack_to_padded(out[:, 0], indices, batch, seqlen)[:, -response_length - 1 : -1]
+        if calculate_entropy:
+            ent = out[:, 1] if entropy_grad else out[:, 1].detach()
+            entropy = unpack_to_padded(ent, indices, batch, seqlen)[:, -response_length - 1 : -1]
+        return entropy, log_probs.float()
+    lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
+    s, e = response_window(seqlen, response_length, lo, hi)
+    keep = {"logits_to_keep": hi - s} if accepts_logits_to_keep(module) else {}
+    first_seen = s if keep else lo  # the first position the output layer sees
+    labels = _next_tokens(input_ids, first_seen, hi)
+    with hidden_state_head(module, labels, temperature, chunk_size, calculate_entropy):
+        out = module(input_ids=input_ids[:, lo:hi], attention_mask=attention_mask[:, lo:hi], use_cache=False,
+                     **_model_inputs(micro_batch, position_ids[..., lo:hi]), **keep).logits
+    out = out[:, s - first_seen : e - first_seen]
+    first = s - (seqlen - response_length - 1)  # response column of position s
+    log_probs = place_response_window(out[..., 0], response_length, first)
+    if calculate_entropy:
+        entropy = place_response_window(out[..., 1] if entropy_grad else out[..., 1].detach(), response_length, first)
     return entropy, log_probs.float()
 
 
