@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from verl.single_controller.ray.base import ResourcePoolManager
-from verl.trainer.host_defaults import foreground_ray_workers
+from verl.trainer.host_defaults import explicit_override_keys, foreground_ray_workers, resolve_rollout_tp
 from verl.trainer.main_ppo import absolutize_local_paths, init_ray
 from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step_folder
 from verl.trainer.ppo.utils import Role
@@ -36,6 +36,7 @@ from verl.utils.config import ConfigError, quiet_searchpath_warning  # noqa: F40
 from verl.utils.device import resolve_device
 from verl.utils.model import check_model_dir
 from verl.utils.tracking import Tracking
+from verl.workers.rollout.layout import check_rollout_parallel
 from verl.workers.worker_utils import load_tokenizer
 
 __all__ = ["RecipeDriver", "epoch_order", "batch_indices"]
@@ -217,6 +218,23 @@ class RecipeDriver:
 EXIT_CONFIG_ERROR = 2
 
 
+def _rollout_layout_defaults(config: DictConfig) -> None:
+    """verl's default rollout engine size (2), when not set, becomes 1 for hf and on CPU (as in main_ppo); the
+    layout is checked before any worker starts (a ValueError naming the key)."""
+    rollout = OmegaConf.select(config, "actor_rollout_ref.rollout")
+    if rollout is None or rollout.get("name") is None:
+        return
+    change = resolve_rollout_tp(config, resolve_device(OmegaConf.select(config, "trainer.device", default="auto")),
+                                explicit_override_keys())
+    if change is not None:
+        key, old, new, why = change
+        print(f"{key}: {old} -> {new} ({why})", flush=True)
+    workers = int(OmegaConf.select(config, "trainer.n_gpus_per_node", default=1) or 1) * int(
+        OmegaConf.select(config, "trainer.nnodes", default=1) or 1)
+    check_rollout_parallel(name=str(rollout.get("name")), tp=int(rollout.get("tensor_model_parallel_size", 1) or 1),
+                           workers=workers, model_path=None)
+
+
 def run_recipe(config: DictConfig, driver_cls) -> dict:
     """Resolve ``config``, load the tokenizer, build ``driver_cls(config, tokenizer)`` (config and data errors:
     one ``Config error:`` line on stderr, exit code 2, nothing started or written), then start the workers and
@@ -224,6 +242,7 @@ def run_recipe(config: DictConfig, driver_cls) -> dict:
     OmegaConf.resolve(config)
     model = config.actor_rollout_ref.model
     try:
+        _rollout_layout_defaults(config)
         path = check_model_dir(str(model.get("tokenizer_path") or model.path))
         tokenizer = load_tokenizer(path, bool(model.get("trust_remote_code", False)))
         driver = driver_cls(config, tokenizer)
