@@ -203,10 +203,11 @@ def foreground_ray_workers() -> tuple[list, list]:
 
 
 def resolve_rollout_tp(config: DictConfig, device: str, explicit: set[str] | None = None,
-                       defaults: DictConfig | None = None) -> tuple | None:
+                       defaults: DictConfig | None = None, hf_only: bool = False) -> tuple | None:
     """verl's default engine tensor-parallel size (2), when the user did not set it, becomes 1 where it cannot or
-    should not apply (module docstring); returns the ``(key, old, new, why)`` change, or None. Idempotent: the
-    driver applies it with the host-aware defaults and the config check applies it again."""
+    should not apply (module docstring); returns the ``(key, old, new, why)`` change, or None. The driver applies
+    it with the host-aware defaults; the config check applies the HF part again (``hf_only``) for callers that
+    validate a composed config directly (a config the driver resolved is unchanged by it)."""
     tp = OmegaConf.select(config, ROLLOUT_TP_KEY, default=None)
     name = OmegaConf.select(config, f"{AR}.rollout.name", default=None)
     if not isinstance(tp, int) or tp == 1:
@@ -216,7 +217,7 @@ def resolve_rollout_tp(config: DictConfig, device: str, explicit: set[str] | Non
         return None
     if name == "hf":
         why = "HF generate runs one model per process (no tensor parallelism)"
-    elif device == "cpu" and name == "vllm":
+    elif device == "cpu" and name == "vllm" and not hf_only:
         why = ("on CPU the engines share the same cores either way: one independent engine per worker process, no "
                "all-reduce per layer")
     else:

@@ -382,8 +382,10 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             f"or use {AR}.rollout.name=hf"
         )
     check_agent_loop_config(config.actor_rollout_ref.rollout, check_files)
-    # verl's default engine size (2) when not set: 1 for hf and on CPU (as the driver's host-aware defaults do)
-    resolve_rollout_tp(config, device, explicit_override_keys())
+    # verl's default engine size (2) when not set: 1 for hf (HF generate has no tensor parallelism). The CPU rule
+    # for vLLM belongs to the driver's host-aware defaults, which know the command line; this check also runs in
+    # the task runner, where a value the user set equal to the default could not be told from an unset one.
+    resolve_rollout_tp(config, device, explicit_override_keys(), hf_only=True)
     try:
         check_rollout_parallel(name=rollout_name, tp=_int(config, f"{AR}.rollout.tensor_model_parallel_size"),
                                workers=_int(config, "trainer.nnodes") * _int(config, "trainer.n_gpus_per_node"),
