@@ -21,7 +21,7 @@ import sys
 
 import ray
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
@@ -62,6 +62,7 @@ class RecipeDriver:
 
     def __init__(self, config: DictConfig):
         self.config = config
+        _rollout_layout_defaults(config)  # before any worker starts, however the driver was reached
         self.global_steps = 0
         self.groups: dict[str, RayWorkerGroup] = {}
         self.metric_history: list[dict] = []
@@ -222,8 +223,11 @@ def _rollout_layout_defaults(config: DictConfig) -> None:
     """verl's default rollout engine size (2), when not set, becomes 1 for hf and on CPU (as in main_ppo); the
     layout is checked before any worker starts (a ValueError naming the key)."""
     rollout = OmegaConf.select(config, "actor_rollout_ref.rollout")
-    if rollout is None or rollout.get("name") is None:
+    if rollout is None:
         return
+    if OmegaConf.is_missing(rollout, "name") or rollout.get("name") is None:
+        with open_dict(rollout):
+            rollout.name = "hf"  # what the policy worker builds when the recipe names no engine
     change = resolve_rollout_tp(config, resolve_device(OmegaConf.select(config, "trainer.device", default="auto")),
                                 explicit_override_keys())
     if change is not None:
@@ -242,7 +246,6 @@ def run_recipe(config: DictConfig, driver_cls) -> dict:
     OmegaConf.resolve(config)
     model = config.actor_rollout_ref.model
     try:
-        _rollout_layout_defaults(config)
         path = check_model_dir(str(model.get("tokenizer_path") or model.path))
         tokenizer = load_tokenizer(path, bool(model.get("trust_remote_code", False)))
         driver = driver_cls(config, tokenizer)
