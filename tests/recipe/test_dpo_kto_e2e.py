@@ -49,7 +49,9 @@ def test_kto_trains_checkpoints_and_resumes(env, arith_rl_assets, arith_pref_fil
     first.init_workers()
     first.fit()
     full = _by_step(first)
-    assert full[0]["val/rewards/accuracies"] == 0.0 and full[0]["val/rewards/margins"] == 0.0
+    # before training the policy is the reference up to float rounding (on AMX hosts oneDNN's kernels differ with
+    # the batch shape by ~1e-7, so "chosen > rejected" of two ~0 rewards is a coin flip): margins ~0
+    assert abs(full[0]["val/rewards/margins"]) <= 1e-4, full[0]
     assert full[0]["val/loss"] == pytest.approx(0.5, abs=1e-6)  # r = z = 0: each loss is 1 - sigmoid(0)
     for step in (1, 2, 3, 4):
         for key in ("train/rewards/chosen", "train/rewards/rejected", "train/logps/chosen", "train/logps/rejected",
