@@ -320,6 +320,27 @@ def _one_line_hydra_error(e: BaseException) -> str:
     return " ".join(lines)
 
 
+CHECK_FLAG = "--check-config"
+
+
+def check_config_cli(argv: list[str]) -> None:
+    """``python -m verl.trainer.main_ppo --check-config key=value ...``: every check the driver runs before Ray
+    starts (the command line, composition, host-aware defaults, the config validator with its file checks), then
+    ``config ok`` and exit 0, or the ``Config error:`` line and exit 2. Starts nothing, writes nothing."""
+    precheck_cli(argv)
+    config_dir, config_name, overrides = _split_cli(argv)
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name=config_name, overrides=overrides)
+    refuse_dynamic_sampling(config)
+    explicit = {o.split("=", 1)[0].lstrip("+~") for o in overrides if not o.lstrip("+~").startswith("hydra")}
+    print(resolve_host_defaults(config, explicit), flush=True)
+    validate_or_exit(config)
+    print("config ok", flush=True)
+    sys.exit(0)
+
+
 if __name__ == "__main__":
+    if CHECK_FLAG in sys.argv[1:]:
+        check_config_cli([a for a in sys.argv[1:] if a != CHECK_FLAG])
     precheck_cli(sys.argv[1:])
     main()
