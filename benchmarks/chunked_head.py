@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_utils import REPO, host_dtype, median_range  # noqa: E402
 
 ONE_RUN = textwrap.dedent('''
     import json, resource, sys, time, torch
@@ -64,11 +65,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"))
     args = parser.parse_args(argv)
-    if args.dtype == "auto":
-        sys.path.insert(0, str(REPO))
-        from verl.utils.device import cpu_has_native_bf16
-
-        args.dtype = "bf16" if cpu_has_native_bf16() else "fp32"
+    args.dtype = host_dtype(args.dtype)
     results: dict[str, list[dict]] = {"full": [], "chunked": []}
     for i in range(args.repeats):
         for name, chunk in (("full", 0), ("chunked", args.chunk)):
@@ -77,10 +74,7 @@ def main(argv=None):
     print(f"\nSmolLM2-135M shape, {args.dtype}, {args.rows} rows x {args.seq} tokens (log-probs of the last "
           f"{args.seq - args.seq // 2}), forward + backward, chunk {args.chunk}; median [min, max] of {args.repeats}")
     for key in ("seconds", "peak_rss_gb"):
-        cells = {}
-        for name, runs in results.items():
-            values = [r[key] for r in runs]
-            cells[name] = (statistics.median(values), min(values), max(values))
+        cells = {name: median_range(r[key] for r in runs) for name, runs in results.items()}
         full, chunked = cells["full"], cells["chunked"]
         print(f"{key:12s} full logits (baseline) {full[0]:.3f} [{full[1]:.3f}, {full[2]:.3f}]   chunked "
               f"{chunked[0]:.3f} [{chunked[1]:.3f}, {chunked[2]:.3f}]   chunked/full {chunked[0] / full[0]:.2f}")

@@ -29,9 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_utils import host_dtype, median_range  # noqa: E402
 from grpo_vs_trl import PROMPTS_PER_STEP, SAMPLES, prepare, run_ours  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 KEYS = ("timing_s/update_weights", "perf/weight_push_bytes", "perf/weight_push_recv_bytes",
         "perf/weight_push_peak_mem_gb", "tokens_per_s")
 
@@ -57,8 +56,7 @@ def one_run(assets: dict, tp: int, args, out: Path) -> dict:
 
 
 def summary(runs: list[dict], key: str) -> tuple[float, float, float]:
-    values = [r[key] for r in runs]
-    return statistics.median(values), min(values), max(values)
+    return median_range(r[key] for r in runs)
 
 
 def main(argv=None):
@@ -69,11 +67,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"))
     args = parser.parse_args(argv)
-    if args.dtype == "auto":
-        sys.path.insert(0, str(REPO))
-        from verl.utils.device import cpu_has_native_bf16
-
-        args.dtype = "bf16" if cpu_has_native_bf16() else "fp32"
+    args.dtype = host_dtype(args.dtype)
     root = Path(tempfile.mkdtemp(prefix="rollout_tp_"))
     assets = prepare(root, args.size, args.steps)
     runs: dict[int, list[dict]] = {1: [], 2: []}

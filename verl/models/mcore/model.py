@@ -223,36 +223,19 @@ def _broadcast_from(tensor: torch.Tensor | None, src_stage: int, layout: Paralle
     return buf
 
 
-@torch.no_grad()
-def iter_hf_params(model: nn.Module, hf_config, value_head: bool, stats: dict | None = None
-                   ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every weight under its HF name, full size, on every rank (collective: all ranks iterate together).
-
-    Per parameter: the owning stage gathers the tensor-rank pieces and rebuilds the HF tensors, then
-    broadcasts them over the pipeline. Tied causal LMs also yield ``lm_head.weight`` (rollout engines need it).
-    ``stats["recv_bytes"]`` counts what this rank received from other ranks.
-    """
-    stats = stats if stats is not None else {}
-    stats["recv_bytes"] = 0
-    layout = ParallelLayout()
-    shapes = model_shapes(hf_config, layout.tp)
+def _walk_stages(model: nn.Module, hf_config, layout: ParallelLayout, stats: dict, stage_tensors, *,
+                 value_head: bool, tied_head: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight of the model in HF order: the owning stage makes its tensors with ``stage_tensors(name, kind)``
+    (one per HF name of the mcore parameter) and broadcasts them over the pipeline, counting received bytes in
+    ``stats["recv_bytes"]``. ``tied_head``: a tied output layer is also sent, as ``lm_head.weight`` made from the
+    embedding (``False``: not sent)."""
     arch = get_arch(hf_config)
-    params = dict(model.named_parameters())
     dtype = next(model.parameters()).dtype
     per_stage = hf_config.num_hidden_layers // layout.pp
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
 
-    def gathered(name: str, kind: str) -> list[torch.Tensor]:
-        local = params[name].detach()
-        if layout.tp == 1 or kind == "rep":
-            return unshard(kind, [local], shapes)
-        parts = [torch.empty_like(local) for _ in range(layout.tp)]
-        dist.all_gather(parts, local.contiguous(), group=layout.tp_group)
-        stats["recv_bytes"] += (layout.tp - 1) * local.numel() * local.element_size()
-        return unshard(kind, parts, shapes)
-
     def emit(stage: int, name: str, hf_names: tuple, kind: str):
-        tensors = gathered(name, kind) if layout.pp_rank == stage else [None] * len(hf_names)
+        tensors = stage_tensors(name, kind) if layout.pp_rank == stage else [None] * len(hf_names)
         for hf_name, t in zip(hf_names, tensors):
             out = _broadcast_from(t, stage, layout, dtype)
             if layout.pp_rank != stage:
@@ -271,9 +254,37 @@ def iter_hf_params(model: nn.Module, hf_config, value_head: bool, stats: dict | 
         yield from emit(last, "output_layer.weight", ("score.weight",), "rep")
         yield from emit(last, "output_layer.bias", ("score.bias",), "rep")
     elif tied:
-        yield from emit(0, "embedding.word_embeddings.weight", ("lm_head.weight",), "vocab")
+        if tied_head:
+            yield from emit(0, "embedding.word_embeddings.weight", ("lm_head.weight",), "vocab")
     else:
         yield from emit(last, "output_layer.weight", ("lm_head.weight",), "vocab")
+
+
+@torch.no_grad()
+def iter_hf_params(model: nn.Module, hf_config, value_head: bool, stats: dict | None = None
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight under its HF name, full size, on every rank (collective: all ranks iterate together).
+
+    Per parameter: the owning stage gathers the tensor-rank pieces and rebuilds the HF tensors, then
+    broadcasts them over the pipeline. Tied causal LMs also yield ``lm_head.weight`` (rollout engines need it).
+    ``stats["recv_bytes"]`` counts what this rank received from other ranks.
+    """
+    stats = stats if stats is not None else {}
+    stats["recv_bytes"] = 0
+    layout = ParallelLayout()
+    shapes = model_shapes(hf_config, layout.tp)
+    params = dict(model.named_parameters())
+
+    def gathered(name: str, kind: str) -> list[torch.Tensor]:
+        local = params[name].detach()
+        if layout.tp == 1 or kind == "rep":
+            return unshard(kind, [local], shapes)
+        parts = [torch.empty_like(local) for _ in range(layout.tp)]
+        dist.all_gather(parts, local.contiguous(), group=layout.tp_group)
+        stats["recv_bytes"] += (layout.tp - 1) * local.numel() * local.element_size()
+        return unshard(kind, parts, shapes)
+
+    yield from _walk_stages(model, hf_config, layout, stats, gathered, value_head=value_head, tied_head=True)
 
 
 @torch.no_grad()
@@ -291,11 +302,7 @@ def iter_hf_tp_shards(model: nn.Module, hf_config, vocab_range: tuple[int, int],
     """
     layout = ParallelLayout()
     shapes = model_shapes(hf_config, layout.tp)
-    arch = get_arch(hf_config)
     params = dict(model.named_parameters())
-    dtype = next(model.parameters()).dtype
-    per_stage = hf_config.num_hidden_layers // layout.pp
-    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     stats = stats if stats is not None else {}
     stats["recv_bytes"] = 0
     dev = collective_device(layout.tp_group)
@@ -319,25 +326,8 @@ def iter_hf_tp_shards(model: nn.Module, hf_config, vocab_range: tuple[int, int],
         stats["recv_bytes"] += (sum(out_splits) - out_splits[me]) * out[0].numel() * out.element_size()
         return out
 
-    def emit(stage: int, name: str, hf_names: tuple, kind: str):
-        if layout.pp_rank == stage:
-            local = params[name].detach()
-            pieces = [vocab_rows(local)] if kind == "vocab" else local_hf_pieces(kind, local, shapes, layout.tp)
-        else:
-            pieces = [None] * len(hf_names)
-        for hf_name, t in zip(hf_names, pieces):
-            out = _broadcast_from(t, stage, layout, dtype)
-            if layout.pp_rank != stage:
-                stats["recv_bytes"] += out.numel() * out.element_size()
-            yield hf_name, out
+    def own_pieces(name: str, kind: str) -> list[torch.Tensor]:
+        local = params[name].detach()
+        return [vocab_rows(local)] if kind == "vocab" else local_hf_pieces(kind, local, shapes, layout.tp)
 
-    yield from emit(0, "embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
-    for g in range(hf_config.num_hidden_layers):
-        stage, local_index = divmod(g, per_stage)
-        for rule in layer_rules(arch):
-            yield from emit(stage, f"decoder.layers.{local_index}.{rule.mcore}",
-                            tuple(f"model.layers.{g}.{h}" for h in rule.hf), rule.kind)
-    last = layout.pp - 1
-    yield from emit(last, "decoder.final_layernorm.weight", ("model.norm.weight",), "rep")
-    if not tied:
-        yield from emit(last, "output_layer.weight", ("lm_head.weight",), "vocab")
+    yield from _walk_stages(model, hf_config, layout, stats, own_pieces, value_head=False, tied_head=False)
