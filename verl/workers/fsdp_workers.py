@@ -213,12 +213,15 @@ class ActorRolloutRefWorker(Worker):
                                    device=get_device_name(),
                                    lora_rank=int(cfg_get(self.config.model, "lora_rank", 0) or 0))
         layout = self.rollout_layout
+        # what the engine itself runs (engines without tensor parallelism report nothing: one rank)
         engine_tp = int(getattr(self.rollout, "tensor_parallel_size", 1))
-        if engine_tp != layout.tp:
-            raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={layout.tp} but the {name} "
-                               f"engine runs tensor_parallel_size={engine_tp}")
+        engine_rank = int(getattr(self.rollout, "tensor_parallel_rank", 0))
+        if (engine_tp, engine_rank) != (layout.tp, layout.tp_rank):
+            raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={layout.tp} (this process: "
+                               f"tensor rank {layout.tp_rank}) but the {name} engine runs tensor_parallel_size="
+                               f"{engine_tp} with this process as tensor rank {engine_rank}")
         print(f"[rollout] rank {dist.get_rank()}: {name} engine {layout.dp_rank} of {layout.dp}, "
-              f"tensor_parallel_size={engine_tp}, tensor rank {layout.tp_rank}", flush=True)
+              f"tensor_parallel_size={engine_tp}, tensor rank {engine_rank}", flush=True)
         if engine is not None:
             stats: dict = {}
             push = self._push_mode(engine)
