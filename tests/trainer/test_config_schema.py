@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
+from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
 from verl.trainer.config_schema import typed_ppo_config, validate_ppo_config
 from verl.trainer.config_schema.catalog import SHIPPED
 from verl.trainer.config_schema.ppo import IS_LEVELS, REWEIGHT_METHODS
@@ -31,9 +32,10 @@ def _compose(name, overrides=()):
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("assets")
-    (root / "train.parquet").write_bytes(b"PAR1")
+    write_rl_parquet(root / "train.parquet")
     (root / "model").mkdir()
     (root / "model" / "config.json").write_text("{}")
+    add_tokenizer_file(root / "model")
     return root
 
 
@@ -182,8 +184,6 @@ def test_sft_values_name_the_key(assets, override, message):
     ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2", "num_repeat_rollouts=2 is not supported"),
     ("actor_rollout_ref.model.lora_adapter_path=/tmp/adapter", "lora_adapter_path='/tmp/adapter' is not supported"),
     ("actor_rollout_ref.model.custom_chat_template=x", "custom_chat_template='x' is not supported: .*data.chat_template"),
-    ("actor_rollout_ref.actor.use_torch_compile=false", "actor.use_torch_compile=False is not supported: torch.compile"),
-    ("actor_rollout_ref.actor.fsdp_config.use_torch_compile=false", "fsdp_config.use_torch_compile=False"),
     ("actor_rollout_ref.model.enable_activation_offload=true", "enable_activation_offload=True is not supported"),
     ("actor_rollout_ref.actor.optim.total_training_steps=100", "set trainer.total_training_steps instead"),
     ("actor_rollout_ref.actor.rollout_n=4", "actor.rollout_n=4 is not supported: .*actor_rollout_ref.rollout.n"),

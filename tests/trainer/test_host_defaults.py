@@ -54,7 +54,22 @@ def test_avx2_host_gets_fp32_and_no_checkpointing(monkeypatch, defaults, model_d
     assert _select(cfg, "critic.model.enable_gradient_checkpointing") is False
     text = str(choices)
     assert "native bf16=no" in text and "bfloat16 -> fp32" in text and "enable_gradient_checkpointing: True -> False" in text
-    assert len(choices.changed) == len(COMPUTE_DTYPE_KEYS) + 2 + len(host_defaults.RAY_ENV)  # + the Ray variables
+    compiled = [c for c in choices.changed if c[0].endswith("use_torch_compile")]
+    assert len(choices.changed) - len(compiled) == len(COMPUTE_DTYPE_KEYS) + 2 + len(host_defaults.RAY_ENV)
+
+
+def test_torch_compile_default_is_eager_on_cpu_and_kept_when_set(monkeypatch, defaults):
+    cfg = _compose(["trainer.device=cpu"])
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    for key in host_defaults.COMPILE_KEYS:  # the reference's key follows the actor's
+        assert _select(cfg, key) is False, key
+    assert "use_torch_compile: True -> False" in str(choices)
+    # set on the command line (even at verl's default): compiled as asked
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.actor.use_torch_compile=true"])
+    resolve_host_defaults(cfg, {"actor_rollout_ref.actor.use_torch_compile"}, defaults)
+    assert _select(cfg, "actor_rollout_ref.actor.use_torch_compile") is True
+    assert _select(cfg, "actor_rollout_ref.ref.use_torch_compile") is True
+    assert _select(cfg, "critic.model.fsdp_config.use_torch_compile") is False  # not set: resolved
 
 
 def test_explicit_values_are_never_overridden(monkeypatch, defaults, model_dir):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
 from verl.trainer import main_ppo
 from verl.trainer.config_schema import validate_ppo_config
 from verl.utils.config import ConfigError
@@ -24,7 +25,7 @@ CONFIG_DIR = str(REPO / "verl" / "trainer" / "config")
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("compat")
-    (root / "train.parquet").write_bytes(b"PAR1")
+    write_rl_parquet(root / "train.parquet")
     model = root / "model"
     model.mkdir()
     # a Qwen2 config with head and layer counts that tensor / pipeline size 2 divide (no weights are read)
@@ -32,6 +33,7 @@ def assets(tmp_path_factory):
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 128,
         "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "tie_word_embeddings": True}))
+    add_tokenizer_file(root / "model")
     return root
 
 

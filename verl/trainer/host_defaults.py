@@ -22,6 +22,8 @@ model's training state usually fits in RAM many times over, so recomputing activ
   generate has no tensor parallelism) and with vLLM on CPU, where the cores are shared by all engines anyway
   (2 cores: TP=2 generates at 0.98x the tokens/s of TP=1, within the run-to-run spread): one independent engine
   per worker process. A value you set is used as set (and checked);
+- ``use_torch_compile`` (actor, reference, critic; verl's default True) to False on CPU: compiling the decoder
+  layers costs 10-45 s per worker process before the first step. On GPUs and NPUs the default compiles them;
 - the environment variables ``RAY_worker_niceness`` to 0 and ``RAY_max_direct_call_object_size`` to 1 MiB when
   this run starts its own Ray: Ray runs workers at nice 15, which on CPU (where the workers do the compute) lets
   any other busy process preempt them, and sends call arguments over 100 KiB through its object store, which
@@ -29,7 +31,7 @@ model's training state usually fits in RAM many times over, so recomputing activ
 
 A key the user set stays as set: ``explicit`` holds the keys given on the command line (Hydra overrides); keys
 whose value differs from the shipped yaml's default also count as set. On GPU and NPU only the HF rollout's
-tensor-parallel size changes. The
+tensor-parallel size changes (and nothing else). The
 returned :class:`HostChoices` prints as one block that says what was chosen and why.
 """
 
@@ -47,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.device import cpu_has_native_bf16, onednn_isa_cap, resolve_device
 
-__all__ = ["HostChoices", "resolve_host_defaults", "resolve_rollout_tp", "explicit_override_keys",
+__all__ = ["HostChoices", "resolve_host_defaults", "resolve_rollout_tp", "resolve_torch_compile", "explicit_override_keys",
            "old_log_prob_update_blocker",
            "COMPUTE_DTYPE_KEYS", "CHECKPOINTING_KEYS", "OLD_LOG_PROB_KEY", "SHARE_PREFIX_KEY"]
 
@@ -226,6 +228,34 @@ def resolve_rollout_tp(config: DictConfig, device: str, explicit: set[str] | Non
     return ROLLOUT_TP_KEY, tp, 1, why
 
 
+COMPILE_KEYS = (f"{AR}.actor.use_torch_compile", f"{AR}.actor.fsdp_config.use_torch_compile",
+                f"{AR}.ref.use_torch_compile", f"{AR}.ref.fsdp_config.use_torch_compile",
+                "critic.model.fsdp_config.use_torch_compile")
+
+
+def resolve_torch_compile(config: DictConfig, device: str, explicit: set[str] | None = None,
+                          defaults: DictConfig | None = None) -> list[tuple]:
+    """verl's default ``use_torch_compile=True``, when the user did not set it, becomes False on CPU: compiling
+    the decoder layers costs 10-45 s per worker process before the first step, more than it saves on the short
+    CPU runs (measured in the engine docs). A value you set is used as set. Returns the ``(key, old, new, why)``
+    changes."""
+    if device != "cpu":
+        return []
+    defaults = defaults if defaults is not None else _shipped_defaults()
+    changes = []
+    for key in COMPILE_KEYS:
+        if OmegaConf.select(config, key, default=None) is not True or _user_set(config, key, explicit or set(),
+                                                                                  defaults):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        if OmegaConf.is_interpolation(OmegaConf.select(config, parent), leaf):
+            continue  # follows another key (the reference follows the actor)
+        _set(config, key, False)
+        changes.append((key, True, False, "on CPU compiling the decoder layers costs 10-45 s per worker process "
+                                          "before the first step; the model runs eagerly"))
+    return changes
+
+
 def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
                           defaults: DictConfig | None = None) -> HostChoices:
     """Apply the host-aware choices to ``config`` (in place, before validation); see the module docstring."""
@@ -239,6 +269,7 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
     change = resolve_rollout_tp(config, device, explicit, defaults)
     if change is not None:
         choices.changed.append(change)
+    choices.changed.extend(resolve_torch_compile(config, device, explicit, defaults))
     if device != "cpu":
         return choices
     choices.isa = _cpu_isa()

@@ -9,11 +9,12 @@ forward is simply ``model(input_ids=packed_ids, position_ids=packed_pos, attenti
 
 Names and return shapes follow flash-attn's ``bert_padding`` helpers, which verl's code calls.
 
-Packing only pays off with a variable-length attention kernel (flash-attention). Under sdpa / eager attention --
-every CPU run -- transformers materialises the block-diagonal mask of the packed row, so attention costs
-O(total_tokens^2) instead of O(sum of L_i^2): measured 3.5x slower than the padded path for 256 sequences of 40
-tokens. :func:`remove_padding_mode` therefore picks ``"pack"`` for flash-attention models and ``"trim"`` otherwise:
-the padded batch minus the columns that are padding in every row (equal log-probs either way; tested).
+Packing needs a variable-length attention kernel: under plain sdpa / eager attention transformers materialises the
+block-diagonal mask of the packed row, so attention costs O(total_tokens^2) instead of O(sum of L_i^2) (measured
+3.5x slower than the padded path for 256 sequences of 40 tokens). :func:`remove_padding_mode` therefore picks
+``"pack"`` for flash-attention models and for models switched to ``verl_varlen`` attention
+(``verl.utils.varlen_attention``: the FSDP engine does that on GPUs and NPUs), and ``"trim"`` otherwise: the
+padded batch minus the columns that are padding in every row (equal log-probs either way; tested).
 ``VERL_REMOVE_PADDING_MODE=pack|trim`` overrides the choice.
 """
 
@@ -93,7 +94,7 @@ def remove_padding_mode(module) -> str:
         return forced
     config = getattr(module, "config", None)
     impl = str(getattr(config, "_attn_implementation", "") or "")
-    return "pack" if "flash" in impl else "trim"
+    return "pack" if "flash" in impl or impl == "verl_varlen" else "trim"
 
 
 def valid_column_span(attention_mask: torch.Tensor) -> tuple[int, int]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
 from verl.trainer.config_schema.validate import validate_ppo_config
 from verl.utils.config import ConfigError
 
@@ -22,9 +23,10 @@ TOOLS = REPO / "examples/multiturn/config/tool_config/calculator_tool_config.yam
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("assets")
-    (root / "train.parquet").write_bytes(b"PAR1")
+    write_rl_parquet(root / "train.parquet")
     (root / "model").mkdir()
     (root / "model" / "config.json").write_text("{}")
+    add_tokenizer_file(root / "model")
     return root
 
 

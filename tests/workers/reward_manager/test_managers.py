@@ -73,6 +73,23 @@ def test_naive_reward_fn_key_and_num_examine(char_tokenizer, make_batch, capsys)
         NaiveRewardManager(char_tokenizer, 0)(data)
 
 
+def test_rows_without_ground_truth_reach_a_custom_scorer_and_stop_the_built_in_one(char_tokenizer, make_batch):
+    data = make_batch(ROWS[:2])
+    data.non_tensor_batch["reward_model"][1] = {"style": "rule"}  # no ground_truth (the data lacks the field)
+    seen = []
+    NaiveRewardManager(char_tokenizer, 0, compute_score=lambda **kw: seen.append(kw["ground_truth"]) or 0.0)(data)
+    assert seen == ["8", None]
+    with pytest.raises(KeyError, match=r"sample 1 \(data_source='openai/gsm8k'\) has no reward_model.ground_truth.*"
+                                       "custom_reward_function.path"):
+        NaiveRewardManager(char_tokenizer, 0)(data)
+    del data.non_tensor_batch["reward_model"]  # no column at all
+    seen.clear()
+    NaiveRewardManager(char_tokenizer, 0, compute_score=lambda **kw: seen.append(kw["ground_truth"]) or 0.0)(data)
+    assert seen == [None, None]
+    with pytest.raises(KeyError, match="no 'reward_model' column"):
+        BatchRewardManager(char_tokenizer, 0)(data)
+
+
 def test_rm_scores_pass_through(char_tokenizer, make_batch):
     data = make_batch(ROWS)
     data.batch["rm_scores"] = torch.full(data.batch["responses"].shape, 0.25)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, NO_COMPILE, STRATEGIES,
+from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, STRATEGIES,
                                                CheckpointConfig, FollowingMegatronConfig, FSDPConfig, MegatronConfig,
                                                OptimConfig, RefFSDPConfig)
 from verl.trainer.config_schema.places import BATCH_SIZES, ENGINE, LOSS, MAIN, MODEL, RUNNER, TRAINER, WORKERS
@@ -112,7 +112,8 @@ class ActorConfig(Section):
     kl_loss_type: str = key("low_var_kl", "KL estimator: kl|k1 | abs | mse|k2 | low_var_kl|k3 | full (+ suffix: "
                             "straight-through k2 gradient)", read_in=(WORKERS,))
     use_prefix_grouper: bool = key(False, "shared-prefix grouping", unsupported="prefix grouper is not available; use False")
-    use_torch_compile: bool = key(True, "torch.compile the log-prob/entropy path", unsupported=NO_COMPILE)
+    use_torch_compile: bool = key(True, "torch.compile the policy's decoder layers (False: eager; unset on CPU: "
+                                        "False)", read_in=(ENGINE,))
     rollout_n: int = key(1, "samples per prompt as the actor sees it", ge=1, follows=ROLLOUT_N,
                          unsupported="the actor reads actor_rollout_ref.rollout.n; set that instead")
     use_fused_kernels: bool = key(False, "chunked log-prob head for the actor", follows="actor_rollout_ref.model.use_fused_kernels",
@@ -147,8 +148,8 @@ class RefConfig(Section):
                         choices=STRATEGIES, read_in=(WORKERS,))
     rollout_n: int = key(1, "samples per prompt", ge=1, follows=ROLLOUT_N,
                          unsupported="the reference reads actor_rollout_ref.rollout.n; set that instead")
-    use_torch_compile: bool = key(True, "torch.compile the log-prob path",
-                                  follows="actor_rollout_ref.actor.use_torch_compile", unsupported=NO_COMPILE)
+    use_torch_compile: bool = key(True, "torch.compile the reference's decoder layers",
+                                  follows="actor_rollout_ref.actor.use_torch_compile", read_in=(ENGINE,))
     log_prob_micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
     log_prob_micro_batch_size_per_gpu: Optional[int] = key(None, "responses per forward on one device/process", ge=1,
                                                            read_in=(WORKERS,))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from verl.trainer.config_schema.places import CKPT, FSDP, MEGATRON, WORKERS
+from verl.trainer.config_schema.places import CKPT, ENGINE, FSDP, MEGATRON, WORKERS
 from verl.trainer.config_schema.spec import Section, following, key, section
 
 DTYPES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
@@ -15,7 +15,6 @@ LR_SCHEDULERS = ("constant", "cosine")
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
 
 NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
-NO_COMPILE = "torch.compile is not applied here (the model runs eagerly); remove the override (verl's default is true)"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
 NO_MEGATRON_OFFLOAD = "refused unless false: the Megatron engine does not offload an accelerator's memory to the host"
 NO_MEGATRON_VPP = "interleaved pipeline stages are not available in the Megatron engine; leave null"
@@ -72,7 +71,8 @@ class FSDPConfig(Section):
                                  unsupported="not available; runs are seeded with fsdp_config.seed; leave false")
     ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1, unsupported=NO_ULYSSES)
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
-    use_torch_compile: bool = key(True, "torch.compile the log-prob/entropy path", unsupported=NO_COMPILE)
+    use_torch_compile: bool = key(True, "torch.compile the decoder layers (with the role's own key; either False: "
+                                        "eager; unset on CPU: False)", read_in=(ENGINE,))
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     forward_only: bool = key(False, "the model is never trained (set per role)",
                              unsupported="the worker decides per role (actor trains, reference does not); leave the "

@@ -12,7 +12,9 @@ What is checked:
 - batch arithmetic: train/mini/micro batch sizes against each other and the number of data-parallel ranks
   (:func:`verl.utils.batch_sizes.normalized_batch_sizes`, the same function the workers use);
 - files: ``data.train_files``/``val_files``, model paths (local directory or the offline Hugging Face
-  cache), ``custom_reward_function.path``, ``data.custom_cls.path``.
+  cache), ``custom_reward_function.path``, ``data.custom_cls.path``; then what is inside them and the
+  directories the run writes (:mod:`verl.trainer.config_schema.preflight`: data rows and reward fields, the
+  tokenizer, the user's function names, checkpoint/dump/resume directories).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from verl.experimental.agent_loop.config import check_agent_loop_config
 from verl.trainer.config_schema.megatron import check_megatron_config
 from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
+from verl.trainer.config_schema.preflight import check_run_files
 from verl.trainer.config_schema.spec import build, check_config, choices_message
 from verl.trainer.host_defaults import (OLD_LOG_PROB_KEY, explicit_override_keys, old_log_prob_update_blocker,
                                         resolve_rollout_tp)
@@ -435,8 +438,6 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
                 "trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_N "
                 f"(got {path!r})"
             )
-        if check_files and not os.path.isdir(os.path.expanduser(str(path))):
-            raise ConfigError(f"trainer.resume_from_path: directory not found: {path}")
 
     # ---- files and paths
     if check_files:
@@ -451,6 +452,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             _check_model_path("reward_model.model.path", _get(config, "reward_model.model.path"))
         _check_py_file("custom_reward_function.path", _get(config, "custom_reward_function.path"))
         _check_py_file("data.custom_cls.path", _get(config, "data.custom_cls.path"))
+        check_run_files(config, use_critic)  # what is inside them: data rows, tokenizer, user code, output dirs
 
     typed = build(PPOTrainerConfig, resolved)
     return PPOPlan(

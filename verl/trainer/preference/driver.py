@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from verl.single_controller.ray.base import ResourcePoolManager
-from verl.trainer.host_defaults import explicit_override_keys, foreground_ray_workers, resolve_rollout_tp
+from verl.trainer.host_defaults import (explicit_override_keys, foreground_ray_workers, resolve_rollout_tp,
+                                        resolve_torch_compile)
 from verl.trainer.main_ppo import absolutize_local_paths, init_ray
 from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step_folder
 from verl.trainer.ppo.utils import Role
@@ -230,8 +231,9 @@ def _rollout_layout_defaults(config: DictConfig) -> None:
             rollout.name = "hf"  # what the policy worker builds when the recipe names no engine
     change = resolve_rollout_tp(config, resolve_device(OmegaConf.select(config, "trainer.device", default="auto")),
                                 explicit_override_keys())
-    if change is not None:
-        key, old, new, why = change
+    device = resolve_device(OmegaConf.select(config, "trainer.device", default="auto"))
+    for key, old, new, why in ([change] if change is not None else []) + resolve_torch_compile(
+            config, device, explicit_override_keys()):
         print(f"{key}: {old} -> {new} ({why})", flush=True)
     workers = int(OmegaConf.select(config, "trainer.n_gpus_per_node", default=1) or 1) * int(
         OmegaConf.select(config, "trainer.nnodes", default=1) or 1)

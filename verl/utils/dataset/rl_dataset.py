@@ -94,6 +94,16 @@ def read_parquet_rows(path: str) -> list[dict]:
     return table.to_pylist()
 
 
+def kept_rows(n_rows: int, max_samples: int, shuffle: bool, seed: int) -> np.ndarray | None:
+    """The row numbers (of all files, in order) that ``data.train_max_samples`` / ``val_max_samples`` keep, or
+    None when every row is kept: a random choice (``data.shuffle``, seeded by ``data.seed``) or the first rows."""
+    if not 0 < max_samples < n_rows:
+        return None
+    if shuffle:
+        return np.sort(np.random.default_rng(seed).choice(n_rows, max_samples, replace=False))
+    return np.arange(max_samples)
+
+
 def truncate_ids(ids: list[int], max_length: int, truncation: str) -> list[int]:
     """Cut ``ids`` to ``max_length`` tokens: left keeps the tail, right the head, middle both ends."""
     if len(ids) <= max_length:
@@ -176,11 +186,8 @@ class RLHFDataset(Dataset):
                 )
             rows.extend(file_rows)
             origins.extend((path, i) for i in range(len(file_rows)))
-        if 0 < self.max_samples < len(rows):
-            if self.shuffle:
-                keep = np.sort(np.random.default_rng(self.seed).choice(len(rows), self.max_samples, replace=False))
-            else:
-                keep = np.arange(self.max_samples)
+        keep = kept_rows(len(rows), self.max_samples, self.shuffle, self.seed)
+        if keep is not None:
             rows = [rows[i] for i in keep]
             origins = [origins[i] for i in keep]
         self.dataframe: list[dict] = rows

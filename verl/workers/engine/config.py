@@ -63,10 +63,29 @@ class EngineConfig:
     ulysses_sequence_parallel_size: int = 1  # ranks that split one packed sequence (FSDP engine)
     share_prompt_prefix: bool = False  # rows sharing a prompt computed as one packed row (FSDP engine)
     fused_chunk_size: int = 0  # model.use_fused_kernels: log-probs from hidden states in chunks of tokens (0: off)
+    use_torch_compile: bool = False  # <role>.use_torch_compile: decoder layers compiled (verl.utils.compile)
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
             raise ValueError(f"model_kind={self.model_kind!r} is not one of {MODEL_KINDS}")
+
+
+COMPILE_KEYS = {"actor": "actor_rollout_ref.actor.use_torch_compile", "ref": "actor_rollout_ref.ref.use_torch_compile",
+                "critic": "critic.model.fsdp_config.use_torch_compile"}
+
+
+def compile_key(name: str) -> str:
+    """The config key that turns compilation on or off for the engine called ``name`` (named in errors)."""
+    return COMPILE_KEYS.get(name, "use_torch_compile")
+
+
+def _use_torch_compile(role_cfg: Any, fsdp_cfg: Any) -> bool:
+    """``<role>.use_torch_compile`` and ``<role>...fsdp_config.use_torch_compile`` (verl's two keys; either False
+    runs the model eagerly). Absent keys mean eager: the driver resolves verl's default for the host first."""
+    role = cfg_get(role_cfg, "use_torch_compile", None) if role_cfg is not None else None
+    engine = cfg_get(fsdp_cfg, "use_torch_compile", None) if fsdp_cfg is not None else None
+    values = [bool(v) for v in (role, engine) if v is not None]
+    return bool(values) and all(values)
 
 
 def _fsdp_section(fsdp_cfg: Any) -> dict:
@@ -129,6 +148,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         ulysses_sequence_parallel_size=_sp_size(actor),
         share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
         fused_chunk_size=_fused_chunk_size(model, actor),
+        use_torch_compile=_use_torch_compile(actor, cfg_get(actor, "fsdp_config")),
         **_common(model, cfg_get(actor, "fsdp_config")),
     )
 
@@ -143,6 +163,7 @@ def ref_engine_config(arr_cfg: Any) -> EngineConfig:
                         ulysses_sequence_parallel_size=_sp_size(ref, _sp_size(actor)),
                         share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
                         fused_chunk_size=_fused_chunk_size(model),
+                        use_torch_compile=_use_torch_compile(ref, cfg_get(ref, "fsdp_config")),
                         **_common(model, cfg_get(ref, "fsdp_config")))
 
 
@@ -161,6 +182,7 @@ def critic_engine_config(critic_cfg: Any) -> EngineConfig:
         grad_clip=_grad_clip(critic_cfg), checkpoint=plain(cfg_get(critic_cfg, "checkpoint")),
         megatron=plain(cfg_get(critic_cfg, "megatron")) or {},
         ulysses_sequence_parallel_size=_sp_size(critic_cfg),
+        use_torch_compile=_use_torch_compile(None, cfg_get(model, "fsdp_config")),
         **_common(model, cfg_get(model, "fsdp_config")),
     )
 

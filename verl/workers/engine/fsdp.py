@@ -23,7 +23,8 @@ from torch import nn
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.chunked_head import output_layer
 from verl.utils.checkpoint.hf_export import save_hf_model_dir
-from verl.utils.device import module_device
+from verl.utils.compile import compile_decoder_layers
+from verl.utils.device import get_device_name, module_device
 from verl.utils.fsdp_utils import (apply_fsdp2, apply_lora, build_lr_scheduler, build_optimizer, clip_grad_norm_,
                                    enable_gradient_checkpointing, gathered_bytes, is_peft_model, iter_full_state_dict,
                                    load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
@@ -31,7 +32,8 @@ from verl.utils.fsdp_utils import (apply_fsdp2, apply_lora, build_lr_scheduler, 
 from verl.utils.model import load_causal_lm, load_reward_model, load_value_model
 from verl.utils.ulysses import UlyssesGroups, check_ulysses_size, init_ulysses_groups
 from verl.workers.engine.base import TrainEngine
-from verl.workers.engine.config import EngineConfig
+from verl.utils.varlen_attention import packs_with_varlen_attention, use_varlen_attention
+from verl.workers.engine.config import EngineConfig, compile_key
 from verl.workers.engine.hf_forward import forward_log_probs, forward_logits, forward_scores, forward_values
 from verl.workers.engine.shared_prompt import (forward_grouped_log_probs, forward_shared_prompt_log_probs,
                                                unsupported_reason)
@@ -131,6 +133,10 @@ class FSDPEngine(TrainEngine):
                                getattr(hf_config, "num_key_value_heads", None),
                                key=f"{config.name}.ulysses_sequence_parallel_size")
             ulysses = init_ulysses_groups(config.ulysses_sequence_parallel_size)
+        if config.use_remove_padding and ulysses is None and packs_with_varlen_attention(get_device_name()):
+            use_varlen_attention(module)  # packed rows, attention per sequence (flash models pack natively)
+        if config.use_torch_compile:
+            compile_decoder_layers(module, key=compile_key(config.name))
         module = apply_fsdp2(module, config.fsdp, device_mesh)
         optimizer = scheduler = None
         if trainable:

@@ -3,7 +3,8 @@
 Three ways to feed a micro-batch to the model, chosen by ``verl.utils.padding.remove_padding_mode``:
 
 - ``pack``: the valid tokens of all rows in one row, attention kept per sequence through packed
-  ``position_ids`` (flash-attention models only: elsewhere a packed row costs O(total_tokens^2) attention);
+  ``position_ids`` (flash-attention models, and models on ``verl_varlen`` attention, which get the rows'
+  borders as ``cu_seq_lens_q``; elsewhere a packed row costs O(total_tokens^2) attention);
 - ``trim``: only the columns that hold a valid token in some row (left-padded prompts, right-padded
   responses), the same results as the full width at a fraction of the compute;
 - ``padded``: every column.
@@ -26,8 +27,19 @@ from verl.utils.dataset.vision_utils import unpad_multi_modal_inputs
 from verl.utils.padding import (pack_batch, place_response_window, remove_padding_mode, response_window,
                                 unpack_to_padded, valid_column_span)
 from verl.utils.torch_functional import entropy_for_loss, logprobs_from_logits
+from verl.utils.varlen_attention import VARLEN_ATTENTION
 
 __all__ = ["forward_log_probs", "forward_logits", "forward_values", "forward_scores", "token_values"]
+
+
+def _packed_kwargs(module: nn.Module, cu_seqlens: torch.Tensor) -> dict:
+    """The sequence borders of a packed row for the ``verl_varlen`` attention (flash-attn's keyword names), so
+    no layer has to find them again from the position ids; nothing for other implementations."""
+    config = getattr(module, "config", None)
+    if str(getattr(config, "_attn_implementation", "") or "") != VARLEN_ATTENTION:
+        return {}
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+    return {"cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": longest, "max_length_k": longest}
 
 
 def _model_inputs(micro_batch, position_ids: torch.Tensor, batch_first: bool = True) -> dict:
@@ -81,9 +93,9 @@ def forward_log_probs(module: nn.Module, micro_batch, temperature: float = 1.0, 
     entropy = None
     mode = remove_padding_mode(module) if use_remove_padding else "padded"
     if mode == "pack":
-        ids, pos, indices, _ = pack_batch(input_ids, attention_mask, position_ids)
+        ids, pos, indices, cu = pack_batch(input_ids, attention_mask, position_ids)
         logits = module(input_ids=ids, attention_mask=None, use_cache=False,
-                        **_model_inputs(micro_batch, pos, batch_first=False)).logits[0]
+                        **_model_inputs(micro_batch, pos, batch_first=False), **_packed_kwargs(module, cu)).logits[0]
         logits = logits / temperature
         labels = torch.roll(ids[0], shifts=-1)  # token t+1 is the label of position t (wrap-around is masked)
         log_probs = unpack_to_padded(logprobs_from_logits(logits, labels), indices, batch, seqlen)
@@ -120,11 +132,11 @@ def _fused_log_probs(module: nn.Module, micro_batch, temperature: float, calcula
     mode = remove_padding_mode(module) if use_remove_padding else "padded"
     entropy = None
     if mode == "pack":
-        ids, pos, indices, _ = pack_batch(input_ids, attention_mask, position_ids)
+        ids, pos, indices, cu = pack_batch(input_ids, attention_mask, position_ids)
         labels = torch.roll(ids, shifts=-1, dims=-1)  # token t+1 is the label of position t (wrap-around is masked)
         with hidden_state_head(module, labels, temperature, chunk_size, calculate_entropy):
             out = module(input_ids=ids, attention_mask=None, use_cache=False,
-                         **_model_inputs(micro_batch, pos, batch_first=False)).logits[0]
+                         **_model_inputs(micro_batch, pos, batch_first=False), **_packed_kwargs(module, cu)).logits[0]
         log_probs = unpack_to_padded(out[:, 0], indices, batch, seqlen)[:, -response_length - 1 : -1]
         if calculate_entropy:
             ent = out[:, 1] if entropy_grad else out[:, 1].detach()
@@ -185,9 +197,9 @@ def forward_values(module: nn.Module, micro_batch, use_remove_padding: bool = Fa
     batch, seqlen = input_ids.shape
     mode = remove_padding_mode(module) if use_remove_padding else "padded"
     if mode == "pack":
-        ids, pos, indices, _ = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
+        ids, pos, indices, cu = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
         values = token_values(module(input_ids=ids, attention_mask=None, use_cache=False,
-                                     **_model_inputs(micro_batch, pos, batch_first=False)))
+                                     **_model_inputs(micro_batch, pos, batch_first=False), **_packed_kwargs(module, cu)))
         values = unpack_to_padded(values[0], indices, batch, seqlen)
         return values[:, -response_length - 1 : -1].float()
     lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)
@@ -222,7 +234,7 @@ def forward_scores(module: nn.Module, micro_batch, use_remove_padding: bool = Fa
     handle = _score_head(module).register_forward_hook(lambda _m, _inp, out: captured.__setitem__("out", out))
     try:
         if mode == "pack":
-            ids, pos, indices, _ = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
+            ids, pos, indices, cu = pack_batch(input_ids, attention_mask, micro_batch["position_ids"])
             out = module(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False)
         else:
             lo, hi = valid_column_span(attention_mask) if mode == "trim" else (0, seqlen)

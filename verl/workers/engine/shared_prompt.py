@@ -47,7 +47,7 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "unsupported_reason",
 #: model families whose decoder takes a custom 4-D attention mask as given (checked by the tests for the first two)
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "mistral")
 #: attention kernels that apply an arbitrary dense mask (flash-attention kernels only know padding / packing)
-SUPPORTED_ATTENTION = ("sdpa", "eager")
+SUPPORTED_ATTENTION = ("sdpa", "eager", "verl_varlen")  # verl_varlen takes a dense mask as sdpa does
 
 PROMPT, CHOSEN, REJECTED, PAD = 0, 1, 2, -1
 
@@ -123,7 +123,7 @@ def pack_pairs(micro) -> "PackedGroups":
 def _mask_for(module: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
     """The 4-D mask in the form the model's attention applies: bool for sdpa, additive for eager."""
     impl = str(getattr(getattr(module, "config", None), "_attn_implementation", "") or "eager")
-    if impl == "sdpa":
+    if impl in ("sdpa", "verl_varlen"):
         return allowed
     dtype = module.get_input_embeddings().weight.dtype
     dtype = dtype if dtype.is_floating_point else torch.float32

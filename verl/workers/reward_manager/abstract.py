@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -59,6 +60,8 @@ class AbstractRewardManager(ABC):
         self.tokenizer = tokenizer
         self.num_examine = int(num_examine)
         self.compute_score = compute_score if compute_score is not None else default_compute_score
+        # the built-in scorers compare with reward_model.ground_truth; a user's function may do without it
+        self.needs_ground_truth = self.compute_score is default_compute_score
         self.reward_fn_key = reward_fn_key
         self.reward_kwargs = kwargs
 
@@ -148,9 +151,10 @@ class AbstractRewardManager(ABC):
         if self.reward_fn_key not in non_tensor:
             raise KeyError(f"non_tensor_batch has no {self.reward_fn_key!r} (data.reward_fn_key names the column "
                            f"that selects the scorer); available: {sorted(non_tensor)}")
-        if "reward_model" not in non_tensor:
-            raise KeyError("non_tensor_batch has no 'reward_model' column (a dict with 'ground_truth' per row); "
-                           f"available: {sorted(non_tensor)}")
+        if "reward_model" not in non_tensor and self.needs_ground_truth:
+            raise KeyError("non_tensor_batch has no 'reward_model' column (a dict with 'ground_truth' per row), which "
+                           f"the built-in scorers compare with; available: {sorted(non_tensor)}. Add it to the data "
+                           "or set custom_reward_function.path")
 
         prompt_ids = [prompts[i, prompt_len - int(n):].tolist() for i, n in enumerate(prompt_valid)]
         response_ids = [responses[i, : int(n)].tolist() for i, n in enumerate(response_valid)]
@@ -158,16 +162,23 @@ class AbstractRewardManager(ABC):
         response_strs = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
 
         extra_infos = non_tensor.get("extra_info")
+        reward_models = non_tensor.get("reward_model")
         num_turns = non_tensor.get("__num_turns__")
         samples = []
         for i in range(len(responses)):
             extra_info = dict(extra_infos[i]) if extra_infos is not None and extra_infos[i] is not None else {}
             if num_turns is not None:
                 extra_info["num_turns"] = _plain(num_turns[i])
+            data_source = str(non_tensor[self.reward_fn_key][i])
+            cell = reward_models[i] if reward_models is not None else None
+            ground_truth = cell.get("ground_truth") if isinstance(cell, Mapping) else None
+            if ground_truth is None and self.needs_ground_truth:
+                raise KeyError(f"sample {i} (data_source={data_source!r}) has no reward_model.ground_truth, which the "
+                               "built-in scorers compare with. Add it to the data or set custom_reward_function.path")
             samples.append(RewardSample(
                 index=i, prompt_str=prompt_strs[i], response_str=response_strs[i],
-                valid_response_length=int(response_valid[i]), data_source=str(non_tensor[self.reward_fn_key][i]),
-                ground_truth=_plain(non_tensor["reward_model"][i]["ground_truth"]), extra_info=extra_info,
+                valid_response_length=int(response_valid[i]), data_source=data_source,
+                ground_truth=_plain(ground_truth), extra_info=extra_info,
             ))
         return samples
 

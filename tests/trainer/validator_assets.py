@@ -1,0 +1,24 @@
+"""The least the config validator's file checks accept, for tests that validate configs without running them:
+a parquet file of arithmetic rows in verl's RL schema and a tokenizer file in a model directory (the validator
+reads the data's columns and looks for tokenizer files; nothing loads the model or the tokenizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROWS = 64  # more than any data.train_batch_size these tests set
+
+
+def write_rl_parquet(path: Path, rows: int = ROWS) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from verl.utils.embedded.arithmetic import make_rl_rows
+
+    pq.write_table(pa.Table.from_pylist(make_rl_rows(rows, "train", seed=0)), str(path))
+    return path
+
+
+def add_tokenizer_file(model_dir: Path) -> Path:
+    (model_dir / "tokenizer.json").write_text("{}")
+    return model_dir
