@@ -1,14 +1,21 @@
-"""One-step-off-policy GRPO vs synchronous GRPO: step time and score trend on the same work and the same pools.
+"""One-step-off-policy GRPO vs synchronous GRPO: step time and score trend on the same work.
 
-Both sides run ``python -m verl.experimental.one_step_off_policy.main_ppo`` with split placement (one training
-process, ``rollout.n_gpus_per_node`` rollout processes; on CPU a "gpu" is a process), the same tiny model,
-prompts, sampling, reward and seed. The only difference is ``rollout.overlap``: true generates batch k+1 while
-batch k trains (one-step-off), false waits for each update before generating (synchronous GRPO). Start-up is
-excluded: the step time is the median of ``timing_s/step`` over steps 2..N. The load average is printed before
-and after, because on a machine with fewer cores than processes the two pools compete for the same cores and
-overlap can only win the idle time each side leaves.
+Three sides, the same tiny model, prompts, sampling, reward and seed, the same number of worker processes
+(1 + ``--rollout_procs``; on CPU a "gpu" is a process):
 
-    .venv/bin/python benchmarks/async_vs_sync.py --steps 8
+- ``colocated`` (the baseline): the usual synchronous ``python -m verl.trainer.main_ppo``, every process both
+  trains (FSDP) and generates (hybrid engine), ``trainer.n_gpus_per_node = 1 + rollout_procs``;
+- ``sync``: ``python -m verl.experimental.one_step_off_policy.main_ppo`` with split placement (one training
+  process, ``rollout.n_gpus_per_node`` rollout processes) and ``rollout.overlap=false``: waits for each update
+  before generating;
+- ``one_step_off``: the same split pools with ``rollout.overlap=true``: generates batch k+1 while batch k trains.
+
+Start-up is excluded: the step time is the median of ``timing_s/step`` over steps 2..N of each run; ``--repeats``
+runs per side, alternating, median and [min, max] over runs. The load average is printed before and after,
+because on a machine with fewer cores than processes the pools compete for the same cores and overlap can only
+win the idle time each side leaves.
+
+    .venv/bin/python benchmarks/async_vs_sync.py --steps 8 --repeats 3
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_utils import median_range  # noqa: E402
 
 from verl.utils.embedded import make_model_dir  # noqa: E402
 from verl.utils.embedded.arithmetic import make_rl_rows  # noqa: E402
@@ -46,22 +56,27 @@ def make_assets(root: Path) -> dict:
             "reward": root / "reward.py"}
 
 
-def run_side(root: Path, a: dict, overlap: bool, args) -> dict:
-    run = root / ("one_step_off" if overlap else "sync")
+def run_side(root: Path, a: dict, mode: str, args, rep: int) -> dict:
+    run = root / f"{mode}-{rep}"
     run.mkdir()
-    cmd = [sys.executable, "-m", "verl.experimental.one_step_off_policy.main_ppo",
-           f"data.train_files={a['train']}", f"data.val_files={a['test']}",
-           f"data.train_batch_size={args.prompts}", "data.max_prompt_length=32",
-           f"data.max_response_length={args.tokens}", "data.seed=0",
-           f"actor_rollout_ref.model.path={a['model']}", "algorithm.adv_estimator=grpo",
-           f"actor_rollout_ref.rollout.n={args.n}", "actor_rollout_ref.rollout.name=hf",
-           "actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-           "actor_rollout_ref.actor.optim.lr=1e-3", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
-           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.actor.fsdp_config.dtype=fp32",
-           f"custom_reward_function.path={a['reward']}", "trainer.logger=[console,file]",
-           "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.device=cpu",
-           "trainer.n_gpus_per_node=1", f"rollout.n_gpus_per_node={args.rollout_procs}",
-           f"trainer.total_training_steps={args.steps}", f"rollout.overlap={overlap}"]
+    common = [f"data.train_files={a['train']}", f"data.val_files={a['test']}",
+              f"data.train_batch_size={args.prompts}", "data.max_prompt_length=32",
+              f"data.max_response_length={args.tokens}", "data.seed=0",
+              f"actor_rollout_ref.model.path={a['model']}", "algorithm.adv_estimator=grpo",
+              f"actor_rollout_ref.rollout.n={args.n}", "actor_rollout_ref.rollout.name=hf",
+              "actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+              "actor_rollout_ref.actor.optim.lr=1e-3", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.actor.fsdp_config.dtype=fp32",
+              f"custom_reward_function.path={a['reward']}", "trainer.logger=[console,file]",
+              "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.device=cpu",
+              f"trainer.total_training_steps={args.steps}"]
+    if mode == "colocated":
+        cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *common,
+               f"trainer.n_gpus_per_node={1 + args.rollout_procs}"]
+    else:
+        cmd = [sys.executable, "-m", "verl.experimental.one_step_off_policy.main_ppo", *common,
+               "trainer.n_gpus_per_node=1", f"rollout.n_gpus_per_node={args.rollout_procs}",
+               f"rollout.overlap={mode == 'one_step_off'}"]
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
                TOKENIZERS_PARALLELISM="false", VERL_FILE_LOGGER_PATH=str(run / "metrics.jsonl"))
     with open(run / "log.txt", "w") as log:
@@ -77,30 +92,36 @@ def run_side(root: Path, a: dict, overlap: bool, args) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--rollout_procs", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3, help="runs per side, alternating")
     args = p.parse_args()
     print(f"load average before: {os.getloadavg()}  cores: {os.cpu_count()}", flush=True)
+    modes = ("colocated", "sync", "one_step_off")
+    times: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         a = make_assets(root)
-        sides = {name: run_side(root, a, overlap, args) for name, overlap in (("sync", False), ("one_step_off", True))}
+        for rep in range(args.repeats):
+            for mode in modes:
+                steps = run_side(root, a, mode, args, rep)
+                later = [k for k in sorted(steps) if k >= 2]
+                times[mode].append(statistics.median(steps[k]["timing_s/step"] for k in later))
+                gen = statistics.median(steps[k]["timing_s/gen"] for k in later)
+                upd = statistics.median(steps[k].get("timing_s/update_actor", 0.0) for k in later)
+                print(f"{mode:13s} run {rep}: step {times[mode][-1]:.2f} s (gen wait {gen:.2f} s, update_actor "
+                      f"{upd:.2f} s); critic/score/mean per step: "
+                      + " ".join(f"{steps[k]['critic/score/mean']:.3f}" for k in sorted(steps)), flush=True)
     print(f"load average after: {os.getloadavg()}")
-    times = {}
-    for name, steps in sides.items():
-        later = [steps[k]["timing_s/step"] for k in sorted(steps) if k >= 2]
-        times[name] = statistics.median(later)
-        gen = statistics.median([steps[k]["timing_s/gen"] for k in sorted(steps) if k >= 2])
-        upd = statistics.median([steps[k].get("timing_s/update_actor", 0.0) for k in sorted(steps) if k >= 2])
-        print(f"{name:13s} step {times[name]:.2f} s (median of steps 2..{args.steps}; gen wait {gen:.2f} s, "
-              f"update_actor {upd:.2f} s)")
-        print(f"{'':13s} critic/score/mean per step: "
-              + " ".join(f"{steps[k]['critic/score/mean']:.3f}" for k in sorted(steps)))
-    print(f"speed-up (sync step / one-step-off step): {times['sync'] / times['one_step_off']:.2f}x")
+    base = statistics.median(times["colocated"])
+    for mode in modes:
+        mid, lo, hi = median_range(times[mode])
+        print(f"{mode:13s} step {mid:.2f} s [{lo:.2f}, {hi:.2f}] over {args.repeats} runs; colocated / {mode}: "
+              f"{base / mid:.2f}x")
 
 
 if __name__ == "__main__":

@@ -7,15 +7,25 @@ x 4 samples (temperature 1, no top-k/top-p), every completion forced to the same
 ``small``: 32 tokens; ours ``rollout.ignore_eos=True``, TRL ``min_new_tokens``), the same reward function
 (share of digits in the completion), one optimizer step per 128 completions (AdamW, same lr, weight decay 0.01,
 grad clip 1.0), no KL term (ours: no reference model; TRL ``beta=0``).
-Our side runs the command line a verl user writes for this work -- no tuning keys: gradient checkpointing,
-compute dtype and the old-log-prob source are left to the host-aware defaults, which print what they chose
+Our side runs the command line a verl user writes for this work -- no tuning keys besides gradient checkpointing
+(set on both sides, below): compute dtype and the old-log-prob source are left to the host-aware defaults, which
+print what they chose
 (on CPU with one mini-batch per step: the update's own forward gives the old log-probs, as TRL's
 ``num_iterations=1`` does). ``--old_log_prob trainer`` forces verl's separate log-prob pass,
 ``--old_log_prob bypass`` the rollout engine's log-probs (``algorithm.rollout_correction.bypass_mode=True``).
 Each side runs in one process with both cores (ours: ``trainer.n_gpus_per_node=1``).
 
-Reported: the median seconds per step over steps 2..N (start-up -- imports, Ray, engine init -- excluded on both
-sides), and TRL / ours (> 1 means ours is faster). Targets (fp32): ``small`` >= 1.3x TRL, ``tiny`` >= 1.0x.
+Fairness settings (both sides, stated here and printed with the results):
+- the same arithmetic: gradient checkpointing set explicitly on both sides (``--grad_ckpt``, default off -- what
+  our host-aware defaults pick for these models on CPU; TRL's own default is on), the same compute dtype, the
+  same schedule;
+- the same timer: the training loop's period, step end to step end, on both sides -- TRL's ``on_step_end``
+  callback; ours, the moment each step's metrics line lands in the file logger. Both periods therefore include
+  data preparation (prompt tokenisation), generation, training and logging. Our driver's ``timing_s/step``
+  (the step alone) is printed beside it;
+- ``--repeats`` (default 3) runs per side, alternating ours / TRL; each run's median over steps 2..N (start-up --
+  imports, Ray, engine init -- excluded on both sides), then the median and [min, max] over runs, and
+  TRL / ours (> 1 means ours is faster). Targets (fp32): ``small`` >= 1.3x TRL, ``tiny`` >= 1.0x.
 
 TRL runs in its own virtualenv (default /tmp/trl-venv), created on first use with
 ``pip install torch==2.13.0 "trl==1.16.*"`` (the torch pin keeps pip on the local CPU wheel; an unpinned torch
@@ -34,6 +44,10 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_utils import StepEndWatcher, median_range  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"tiny": dict(size="tiny", tokens=4), "small": dict(size="small", tokens=32)}
@@ -56,7 +70,7 @@ TRL_SCRIPT = textwrap.dedent('''
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    model_dir, data_path, steps, tokens, dtype, lr, out_dir, out_json, rows_per_step, samples = sys.argv[1:11]
+    model_dir, data_path, steps, tokens, dtype, lr, out_dir, out_json, rows_per_step, samples, ckpt = sys.argv[1:12]
     steps, tokens, lr, rows_per_step, samples = int(steps), int(tokens), float(lr), int(rows_per_step), int(samples)
     torch.manual_seed(0)
     rows = Dataset.from_parquet(data_path).to_list()
@@ -81,7 +95,8 @@ TRL_SCRIPT = textwrap.dedent('''
                      warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0, beta=0.0, num_iterations=1,
                      max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=bf16,
                      model_init_kwargs={"dtype": torch.bfloat16 if bf16 else torch.float32},
-                     shuffle_dataset=False, dataloader_num_workers=0, seed=0, disable_tqdm=True)
+                     shuffle_dataset=False, dataloader_num_workers=0, seed=0, disable_tqdm=True,
+                     gradient_checkpointing=ckpt == "on")
     tok = AutoTokenizer.from_pretrained(model_dir)
     timer = StepTimes()
     trainer = GRPOTrainer(model=model_dir, reward_funcs=[digits], args=cfg, train_dataset=ds,
@@ -124,7 +139,7 @@ def prepare(root: Path, size: str, steps: int) -> dict:
 
 
 def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr: float, out: Path,
-            prompts: int = PROMPTS_PER_STEP, samples: int = SAMPLES) -> dict:
+            prompts: int = PROMPTS_PER_STEP, samples: int = SAMPLES, grad_ckpt: str = "off") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     script = out / "trl_grpo.py"
     script.write_text(TRL_SCRIPT)
@@ -132,7 +147,7 @@ def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr:
     with open(out / "log.txt", "w") as log:
         proc = subprocess.run([str(python), str(script), assets["model"], str(assets["data"]), str(steps), str(tokens),
                                dtype, str(lr), str(out / "trl_out"), str(out / "result.json"), str(prompts * samples),
-                               str(samples)], env=env, stdout=log,
+                               str(samples), grad_ckpt], env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise SystemExit(f"TRL run failed, see {out / 'log.txt'}")
@@ -142,7 +157,7 @@ def run_trl(python: Path, assets: dict, tokens: int, dtype: str, steps: int, lr:
 
 def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, workers: int, out: Path,
              rollout: str = "vllm", extra: tuple = (), old_log_prob: str = "auto", prompts: int = PROMPTS_PER_STEP,
-             samples: int = SAMPLES, max_prompt_length: int = 48) -> dict:
+             samples: int = SAMPLES, max_prompt_length: int = 48, grad_ckpt: str = "off") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     rows = prompts * samples
     args = [
@@ -154,6 +169,7 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
         f"data.max_response_length={tokens}",
         "data.shuffle=False",
         f"actor_rollout_ref.model.path={assets['model']}",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={grad_ckpt == 'on'}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows // workers}",
@@ -184,7 +200,7 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
                TOKENIZERS_PARALLELISM="false", VERL_FILE_LOGGER_PATH=str(metrics_path))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    with open(out / "log.txt", "w") as log:
+    with open(out / "log.txt", "w") as log, StepEndWatcher(metrics_path) as watcher:
         proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=out, env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -197,7 +213,8 @@ def run_ours(assets: dict, tokens: int, dtype: str, steps: int, lr: float, worke
     ordered = [steps_data[s] for s in sorted(steps_data)]
     sections = sorted({k for m in ordered for k in m
                        if (k.startswith("timing_s/") and k != "timing_s/step") or k.startswith("perf/") and k.endswith("_s")})
-    return {"step_s": [m["timing_s/step"] for m in ordered], "length": [m["response_length/mean"] for m in ordered],
+    return {"step_s": [float("nan")] + watcher.intervals(), "driver_step_s": [m["timing_s/step"] for m in ordered],
+            "length": [m["response_length/mean"] for m in ordered],
             "breakdown": {k.removeprefix("timing_s/"): mean_after_first([m.get(k, 0.0) for m in ordered])
                           for k in sections}}
 
@@ -225,6 +242,9 @@ def main(argv=None):
     parser.add_argument("--configs", nargs="+", default=["tiny", "small"], choices=sorted(CONFIGS))
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per side, alternating ours / TRL")
+    parser.add_argument("--grad_ckpt", default="off", choices=["off", "on"],
+                        help="gradient checkpointing, set explicitly on both sides")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--workers", type=int, default=1, help="our worker processes (trainer.n_gpus_per_node)")
     parser.add_argument("--trl_venv", default=os.path.join(tempfile.gettempdir(), "trl-venv"))
@@ -240,47 +260,48 @@ def main(argv=None):
 
     work = Path(args.workdir)
     trl_python = None if args.skip_trl else ensure_trl_venv(Path(args.trl_venv))
+    print(f"# fairness: gradient checkpointing {args.grad_ckpt} on both sides; timer = step end to step end on both "
+          f"sides (includes data preparation and logging); {args.repeats} alternating runs per side", flush=True)
     results = []
     for name in args.configs:
         spec = CONFIGS[name]
         assets = prepare(work, spec["size"], args.steps)
         for dtype in args.dtypes:
-            row = {"config": name, "dtype": dtype, "tokens": spec["tokens"]}
+            row = {"config": name, "dtype": dtype, "tokens": spec["tokens"], "ours": [], "trl": [], "driver": []}
             sides = ([] if args.skip_ours else ["ours"]) + ([] if args.skip_trl else ["trl"])
-            for side in sides:
-                load = os.getloadavg()[0]
-                out = work / f"{name}-{dtype}-{side}"
-                start = time.perf_counter()
-                if side == "ours":
-                    res = run_ours(assets, spec["tokens"], dtype, args.steps, args.lr, args.workers, out, args.rollout,
-                                   tuple(args.ours_extra), args.old_log_prob)
-                else:
-                    res = run_trl(trl_python, assets, spec["tokens"], dtype, args.steps, args.lr, out)
-                row[side] = median_after_first(res["step_s"])
-                row[f"{side}_lengths"] = res["length"]
-                row[f"{side}_wall"] = time.perf_counter() - start
-                row[f"{side}_load"] = load
-                print(f"# {name} {dtype} {side}: steps {[round(s, 3) for s in res['step_s']]} s, "
-                      f"completion lengths {res['length']}, load avg at start {load:.1f}", flush=True)
-                if side == "ours":
-                    print(f"# {name} {dtype} ours breakdown: {breakdown_line(row['ours'], res['breakdown'])}",
-                          flush=True)
+            for rep in range(args.repeats):
+                for side in sides:
+                    load = os.getloadavg()[0]
+                    out = work / f"{name}-{dtype}-{side}-{rep}"
+                    if side == "ours":
+                        res = run_ours(assets, spec["tokens"], dtype, args.steps, args.lr, args.workers, out,
+                                       args.rollout, tuple(args.ours_extra), args.old_log_prob,
+                                       grad_ckpt=args.grad_ckpt)
+                        row["driver"].append(median_after_first(res["driver_step_s"]))
+                    else:
+                        res = run_trl(trl_python, assets, spec["tokens"], dtype, args.steps, args.lr, out,
+                                      grad_ckpt=args.grad_ckpt)
+                    row[side].append(median_after_first(res["step_s"]))
+                    print(f"# {name} {dtype} {side} run {rep}: steps {[round(x, 3) for x in res['step_s']]} s, "
+                          f"completion lengths {res['length']}, load avg at start {load:.1f}", flush=True)
+                    if side == "ours":
+                        print(f"# {name} {dtype} ours breakdown: {breakdown_line(row['driver'][-1], res['breakdown'])}",
+                              flush=True)
             results.append(row)
 
-    print(f"\n{'config':7} {'dtype':5} {'tokens':>6} {'ours s/step':>12} {'TRL s/step':>11} {'TRL/ours':>9}")
+    def cell(values):
+        if not values:
+            return "-"
+        mid, lo, hi = median_range(values)
+        return f"{mid:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    print(f"\n{'config':7} {'dtype':5} {'tokens':>6} {'ours s/step':>24} {'TRL s/step':>24} {'TRL/ours':>9} "
+          f"{'ours timing_s/step':>24}")
     for r in results:
-        ours, trl = r.get("ours"), r.get("trl")
-        ratio = f"{trl / ours:9.2f}" if ours and trl else "-".rjust(9)
-        ours_col = f"{ours:12.3f}" if ours else "-".rjust(12)
-        trl_col = f"{trl:11.3f}" if trl else "-".rjust(11)
-        print(f"{r['config']:7} {r['dtype']:5} {r['tokens']:6d} {ours_col} {trl_col} {ratio}")
-    if all(r.get("ours") and r.get("trl") for r in results):
-        for name in args.configs:
-            rows = [r for r in results if r["config"] == name]
-            best_trl = min(rows, key=lambda r: r["trl"])
-            best_ours = min(rows, key=lambda r: r["ours"])
-            print(f"{name}: TRL best ({best_trl['dtype']}) {best_trl['trl']:.3f} s/step vs ours best "
-                  f"({best_ours['dtype']}) {best_ours['ours']:.3f} s/step -> {best_trl['trl'] / best_ours['ours']:.2f}x")
+        ours, trl = r["ours"], r["trl"]
+        ratio = f"{statistics.median(trl) / statistics.median(ours):9.2f}" if ours and trl else "-".rjust(9)
+        print(f"{r['config']:7} {r['dtype']:5} {r['tokens']:6d} {cell(ours):>24} {cell(trl):>24} {ratio} "
+              f"{cell(r['driver']):>24}")
     return results
 
 

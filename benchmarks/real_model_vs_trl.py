@@ -9,6 +9,11 @@ same GSM-style prompts in the same order (``examples/data_preprocess/gsm_symboli
 Our side is the command line a verl user writes (vLLM rollout, FSDP2 actor), no tuning keys; TRL runs its CPU
 path (HF ``generate``) in its own virtualenv (see ``grpo_vs_trl.py``).
 
+Fairness settings (both sides): gradient checkpointing off on both (set explicitly; TRL's own default is on);
+the same timer -- the training loop's period, step end to step end (TRL's ``on_step_end`` callback; ours, the
+moment each step's metrics line lands in the file logger), so both include prompt tokenisation and logging.
+One run per side (each takes minutes); for alternating repeated runs use ``grpo_vs_trl.py``.
+
 The floor is the same batch through the bare engines in one process each, no framework around them: vLLM
 generation (in-process engine, same sampling) + one Hugging Face forward/backward/AdamW step over the
 prompt+completion tokens (LM head on the completion positions only). Printed: seconds per step (median over steps
