@@ -25,11 +25,15 @@ LAYERS = {
 ALGORITHMS = {"verl.trainer.ppo.core_algos", "verl.trainer.ppo.advantage", "verl.trainer.ppo.policy_loss",
               "verl.trainer.ppo.kl", "verl.trainer.ppo.pf_ppo", "verl.trainer.ppo.rollout_corr",
               "verl.trainer.preference.losses", "verl.trainer.preference.pairs"}
+# verl's public home of the profiler is under utils, but its worker mixin (DistProfilerExtension) registers
+# start_profile / stop_profile as worker-group methods: the package (and verl.utils.debug, verl's older name for
+# it) sits in the single controller's layer, so nothing else in utils may import it.
+SINGLE_CONTROLLER_UTILS = {"verl.utils.profiler", "verl.utils.debug"}
 # Root modules that may be imported inside a function: optional or heavy dependencies that only some runs need
 # (rollout engines, Megatron, Ascend NPUs, experiment trackers, plotting), each import carrying a comment that says
 # "optional" and why. Everything else is imported at the top of its module.
 OPTIONAL = ("vllm", "sglang", "megatron", "torch_npu", "transformer_engine", "flash_attn", "liger_kernel",
-            "wandb", "mlflow", "swanlab", "torch.utils.tensorboard", "matplotlib", "math_verify",
+            "wandb", "mlflow", "swanlab", "clearml", "trackio", "torch.utils.tensorboard", "matplotlib", "math_verify",
             # the openai_agent loop's client (only when such an episode runs)
             "openai", "httpx",
             # the strategy=megatron engine: megatron-core when it builds a model, torch.distributed.optim at import
@@ -42,6 +46,9 @@ ALLOWED_LAZY = {
     # validation and the entry point import stays free of transformers, tensordict and the worker modules
     ("verl/trainer/main_ppo.py", "verl.trainer.task_runner"):
         "the TaskRunner (trainer, workers, datasets) is imported inside its Ray actor, not in the driver",
+    ("verl/trainer/main_ppo.py", "verl.utils.dataset.rl_dataset"):
+        "verl's create_rl_dataset / create_rl_sampler live in the entry module; the datasets (transformers) load "
+        "only when one is built",
     ("verl/trainer/config_schema/megatron.py", "transformers"):
         "the HF config is read only when a Megatron config is validated",
     ("verl/utils/ulysses.py", "transformers"): "the HF config is read only when Ulysses parallelism is validated",
@@ -105,6 +112,8 @@ def graph() -> dict[str, set[str]]:
 def layer(mod: str) -> int | None:
     if any(mod == a or mod.startswith(a + ".") for a in ALGORITHMS):
         return LAYERS["verl.workers"]
+    if any(mod == a or mod.startswith(a + ".") for a in SINGLE_CONTROLLER_UTILS):
+        return LAYERS["verl.single_controller"]
     best = None
     for prefix, value in LAYERS.items():
         if mod == prefix or mod.startswith(prefix + "."):

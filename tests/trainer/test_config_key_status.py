@@ -33,7 +33,9 @@ def _compose(name: str, overrides=()) -> DictConfig:
 def _yaml_leaves(name: str, schema: type) -> list[str]:
     table = specs(schema)
     sections = {p.rsplit(".", i)[0] for p in table for i in range(1, p.count(".") + 1)}
-    return [p for p in _leaf_paths(_compose(name)) if p not in sections and not p.startswith("hydra")]
+    free = [p for p, s in table.items() if s.free_form]  # a free-form mapping's own keys are the user's
+    return [p for p in _leaf_paths(_compose(name)) if p not in sections and not p.startswith("hydra")
+            and not any(p.startswith(f + ".") for f in free)]
 
 
 LEAVES = {y.name: _yaml_leaves(y.name, y.schema) for y in SHIPPED}

@@ -1,7 +1,8 @@
 """End-to-end: `python -m verl.trainer.main_ppo ...` on the embedded tiny model, CPU workers, Ray.
 
 - PPO with GAE + critic: verl's quickstart command line (rollout.name=hf), 2 steps;
-- GRPO: rollout.n=4, KL as a loss (reference policy in its own worker group), 2 steps;
+- GRPO: rollout.n=4, KL as a loss (reference policy in its own worker group), 3 steps, with torch traces of step 1
+  (global_profiler.tool=torch) for the actor and the reference;
 - split placement: actor/rollout/ref on one process, critic on the other (Python API, verl's example);
 - checkpoint, kill the run (SIGKILL, during a checkpoint write), resume: the resumed steps log the same metrics as
   an uninterrupted run.
@@ -150,8 +151,12 @@ def test_grpo_n4_kl_loss(assets, tmp_path):
         "actor_rollout_ref.actor.kl_loss_coef=0.1",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
         "data.train_batch_size=4",
+        # torch traces of step 1 for the actor's and the reference's worker calls (docs/profiling.md)
+        "global_profiler.tool=torch", "global_profiler.steps=[1]", "global_profiler.save_path=profile",
+        "actor_rollout_ref.actor.profiler.enable=True", "actor_rollout_ref.ref.profiler.enable=True",
     ]
-    metrics = run_main(tmp_path / "grpo", args)
+    run = tmp_path / "grpo"
+    metrics = run_main(run, args)
     assert sorted(metrics) == [1, 2, 3]
     for step in (1, 2, 3):
         m = metrics[step]
@@ -160,6 +165,27 @@ def test_grpo_n4_kl_loss(assets, tmp_path):
         assert m["response_length/mean"] > 0
     assert metrics[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # actor == reference at step 1
     assert metrics[3]["actor/kl_loss"] > 0  # the actor moved away from the reference
+    check_step_1_traces(run / "profile")
+
+
+def trace_names(path):
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        return {e.get("name") for e in json.load(f)["traceEvents"]}
+
+
+def check_step_1_traces(profile):
+    """Rank 0 of each enabled role wrote a Chrome trace per worker call of step 1, and nothing else."""
+    traces = sorted(p.relative_to(profile).as_posix() for p in profile.rglob("*.json.gz"))
+    for role in ("rollout_generate", "ref_compute_log_prob", "actor_update"):
+        assert f"1/{role}/prof_rank-0.pt.trace.json.gz" in traces, traces
+    assert all(t.startswith("1/") and "prof_rank-0" in t for t in traces), traces  # step 1, rank 0 only
+    update = trace_names(profile / "1/actor_update/prof_rank-0.pt.trace.json.gz")
+    assert "update_actor" in update and "aten::mm" in update  # the worker's call and its forward matmuls
+    assert any(n and n.startswith("autograd::engine::evaluate_function") for n in update)  # its backward
+    ref = trace_names(profile / "1/ref_compute_log_prob/prof_rank-0.pt.trace.json.gz")
+    assert "aten::mm" in ref and not any(n and "Backward" in n for n in ref)  # forward only
 
 
 SPLIT_SCRIPT = textwrap.dedent('''

@@ -1,6 +1,7 @@
 """The offline tracking backends beyond console/file/tensorboard/wandb (tests/utils/test_tracking.py): MLflow
 with a local SQLite store and SwanLab in offline mode, each writing to a temp dir and read back with the
-backend's own reader; and all six backends at once, as ``trainer.logger=[...]`` would build them."""
+backend's own reader; every installed backend at once, as ``trainer.logger=[...]`` would build them; and the
+ClearML and Trackio adapters against stand-ins of their packages (neither package is installed here)."""
 
 import glob
 import json
@@ -9,7 +10,8 @@ import shutil
 
 import pytest
 
-from verl.utils.tracking import SUPPORTED_BACKENDS, Tracking, ValidationGenerationsLogger, flatten_config, mlflow_metric_name
+from verl.utils.tracking import (SUPPORTED_BACKENDS, Tracking, ValidationGenerationsLogger, flatten_config,
+                                 missing_backend_package, mlflow_metric_name)
 
 CONFIG = {"trainer": {"project_name": "proj", "logger": ["console"]}, "actor": {"optim": {"lr": 1e-3}}}
 
@@ -111,8 +113,9 @@ def test_all_backends_at_once(in_tmp, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("TENSORBOARD_DIR", str(in_tmp / "tb"))
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(in_tmp / "metrics.jsonl"))
-    tracker = Tracking("proj", "exp", default_backend=list(SUPPORTED_BACKENDS), config=CONFIG)
-    assert list(tracker.logger) == list(SUPPORTED_BACKENDS)
+    installed = [b for b in SUPPORTED_BACKENDS if missing_backend_package(b) is None]  # clearml, trackio: below
+    tracker = Tracking("proj", "exp", default_backend=installed, config=CONFIG)
+    assert list(tracker.logger) == installed
     tracker.log({"critic/score/mean": 0.5}, step=3)
     tracker.finish()
     wandb.teardown()  # ... and this test's temp dir
@@ -124,3 +127,55 @@ def test_all_backends_at_once(in_tmp, monkeypatch, capsys):
     assert [(r.info.run_name, r.data.metrics) for r in runs] == [("exp", {"critic/score/mean": 0.5})]
     assert glob.glob(str(in_tmp / "swanlog" / "run-*" / "run-*.swanlab"))
     assert os.path.getsize(glob.glob(str(in_tmp / "swanlog" / "run-*" / "run-*.swanlab"))[0]) > 0
+
+
+class _Recorder:
+    """A stand-in module: every attribute is another recorder, every call is recorded and returns a recorder."""
+
+    def __init__(self, name, calls):
+        self._name, self._calls = name, calls
+
+    def __getattr__(self, attr):
+        return _Recorder(f"{self._name}.{attr}", self._calls)
+
+    def __call__(self, *args, **kwargs):
+        self._calls.append((self._name, args, kwargs))
+        return _Recorder(f"{self._name}()", self._calls)
+
+
+def test_trackio_adapter(monkeypatch):
+    import sys
+
+    calls = []
+    monkeypatch.setitem(sys.modules, "trackio", _Recorder("trackio", calls))
+    tracker = Tracking("proj", "exp", default_backend=["trackio"], config=CONFIG)
+    tracker.log({"critic/score/mean": 0.5, "note": "text"}, step=3)
+    tracker.finish()
+    assert calls == [("trackio.init", (), {"project": "proj", "name": "exp", "config": CONFIG}),
+                     ("trackio.log", ({"critic/score/mean": 0.5},), {"step": 3}),
+                     ("trackio.finish", (), {})]
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_clearml_adapter(monkeypatch, tmp_path, configured):
+    import sys
+
+    calls = []
+    monkeypatch.setitem(sys.modules, "clearml", _Recorder("clearml", calls))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/clearml.conf
+    for var in ("CLEARML_API_HOST", "CLEARML_CONFIG_FILE", "CLEARML_OFFLINE_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    if configured:
+        monkeypatch.setenv("CLEARML_API_HOST", "http://clearml.example:8008")
+    tracker = Tracking("proj", "exp", default_backend=["clearml"], config=CONFIG)
+    tracker.log({"critic/score/mean": 0.5, "val-core/arithmetic/reward/mean@1": 1.0, "loss": 2}, step=3)
+    tracker.finish()
+    names = [c[0] for c in calls]
+    assert ("clearml.Task.set_offline" in names) == (not configured)  # no server configured: offline, no prompt
+    assert ("clearml.Task.init", (), {"project_name": "proj", "task_name": "exp", "continue_last_task": True,
+                                      "output_uri": False}) in calls
+    scalars = [c[2] for c in calls if c[0].endswith("report_scalar")]
+    assert scalars == [{"title": "critic", "series": "score/mean", "value": 0.5, "iteration": 3},
+                       {"title": "val-core", "series": "arithmetic/reward/mean@1", "value": 1.0, "iteration": 3},
+                       {"title": "loss", "series": "loss", "value": 2, "iteration": 3}]
+    assert names[-1] == "clearml.Task.init().close"

@@ -27,6 +27,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
+from verl.trainer.config_schema.profiler import PROFILED_ROLES
 from verl.trainer.host_defaults import explicit_override_keys, resolve_host_defaults
 from verl.utils.config import ConfigError, check_overrides
 
@@ -131,7 +132,8 @@ _PATH_KEYS = (
     "data.train_files", "data.val_files", "actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path",
     "critic.model.path", "critic.model.tokenizer_path", "reward_model.model.path", "reward_model.model.input_tokenizer",
     "custom_reward_function.path", "data.custom_cls.path", "trainer.default_local_dir", "trainer.resume_from_path",
-    "trainer.rollout_data_dir", "trainer.validation_data_dir",
+    "trainer.rollout_data_dir", "trainer.validation_data_dir", "global_profiler.save_path",
+    *(f"{role}.profiler.save_path" for role in PROFILED_ROLES),
 )
 
 
@@ -249,6 +251,22 @@ class NamedTaskRunner:
 
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
         self.runner.run(config, placement)
+
+
+def create_rl_dataset(data_paths, data_config, tokenizer, processor, is_train=True, max_samples: int = -1):
+    """verl's dataset factory: ``data.custom_cls`` if set, else the RL parquet dataset, over ``data_paths``;
+    ``max_samples`` rows at most (-1: all, whatever data.train/val_max_samples say, as in verl)."""
+    from verl.utils.dataset.rl_dataset import create_rl_dataset as build  # loads transformers: only when called
+
+    return build(data_paths, data_config, tokenizer, processor, is_train=is_train, max_samples=max_samples)
+
+
+def create_rl_sampler(data_config, dataset):
+    """verl's sampler factory: ``data.sampler.class_path``/``class_name`` (a curriculum sampler), else a resumable
+    random order seeded by ``data.seed`` when ``data.shuffle``, else the file order."""
+    from verl.utils.dataset.rl_dataset import create_rl_sampler as build  # loads transformers: only when called
+
+    return build(data_config, dataset)
 
 
 def __getattr__(name: str):

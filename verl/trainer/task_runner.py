@@ -23,9 +23,9 @@ from verl.trainer.ppo.reward import load_reward_manager
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
 from verl.utils.fs import copy_to_local
-from verl.utils.import_utils import import_external_libs
 from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers import fsdp_workers, megatron_workers
+from verl.workers.engine import engine_workers
 
 def resource_pools(config: DictConfig, plan: PPOPlan, placement: str = "colocate") -> tuple[dict, dict]:
     """Role -> pool mapping and pool sizes: ``({pool: [procs per node] * nnodes}, {Role: pool})``."""
@@ -63,17 +63,18 @@ def worker_classes(config: DictConfig):
     """(ActorRolloutRefWorker, CriticWorker, RewardModelWorker, worker-group class) for the strategy.
 
     ``trainer.use_legacy_worker_impl`` (auto | enable | disable) chooses between verl's two worker generations;
-    here one set of workers, built on the training-engine interface, serves every value."""
+    here one set of workers, built on the training-engine interface, serves every value. The strategy's registration
+    says which: verl's fsdp/fsdp2 and a user's ``register_engine(name, cls)`` run in the FSDP workers (each
+    process holds its own rows), megatron and ``register_engine(name, cls, workers="megatron")`` in the Megatron
+    workers."""
     legacy = str(config.trainer.get("use_legacy_worker_impl", "auto"))
     if legacy != "auto":
         print(f"trainer.use_legacy_worker_impl={legacy}: the engine-based workers serve every value of this switch")
     strategy = config.actor_rollout_ref.actor.strategy
-    if strategy in ("fsdp", "fsdp2"):
-        workers = fsdp_workers
-    elif strategy == "megatron":
-        workers = megatron_workers
-    else:
-        raise ConfigError(f"actor_rollout_ref.actor.strategy={strategy!r} is not one of: fsdp, fsdp2, megatron")
+    try:
+        workers = megatron_workers if engine_workers(strategy) == "megatron" else fsdp_workers
+    except ValueError as e:
+        raise ConfigError(f"actor_rollout_ref.actor.{e}") from None
     return workers.ActorRolloutRefWorker, workers.CriticWorker, workers.RewardModelWorker, RayWorkerGroup
 
 
@@ -86,10 +87,9 @@ class TaskRunner:
     def run(self, config: DictConfig, placement: str = "colocate") -> None:
         print(f"TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
         OmegaConf.resolve(config)
-        plan = validate_ppo_config(config)
+        plan = validate_ppo_config(config)  # imports actor_rollout_ref.model.external_lib and plugins first
         print_config(config)
 
-        import_external_libs(config.actor_rollout_ref.model.get("external_lib", None))
         tokenizer, processor = load_tokenizer_and_processor(config)
 
         actor_cls, critic_cls, rm_cls, wg_cls = worker_classes(config)

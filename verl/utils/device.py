@@ -163,6 +163,14 @@ def reset_peak_memory_stats() -> None:
         get_torch_device().reset_peak_memory_stats()
 
 
+def torch_profiler_activities() -> list:
+    """What a torch profiler records here: host ops always, plus CUDA kernels on a CUDA device."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if get_device_name() == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
 def module_device(module) -> torch.device:
     """Where ``module``'s parameters live (FSDP2 DTensor parameters report their local device); CPU if none."""
     for param in module.parameters():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -12,7 +13,8 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = ["is_vllm_available", "is_sglang_available", "is_megatron_core_available", "is_trl_available",
-           "is_nvtx_available", "import_external_libs", "load_module", "load_extern_type", "load_extern_object",
+           "is_nvtx_available", "import_external_libs", "load_plugins", "import_user_modules", "PLUGIN_GROUP",
+           "load_module", "load_extern_type", "load_extern_object",
            "deprecated"]
 
 
@@ -45,13 +47,44 @@ def is_nvtx_available() -> bool:
 
 
 def import_external_libs(external_libs: str | list[str] | None = None) -> None:
-    """Import modules that register custom model classes (``actor_rollout_ref.model.external_lib``)."""
+    """Import modules that register custom model classes, engines, rollouts, estimators or losses
+    (``actor_rollout_ref.model.external_lib``)."""
     if external_libs is None:
         return
     if isinstance(external_libs, str):
         external_libs = [external_libs]
     for lib in external_libs:
-        importlib.import_module(lib)
+        importlib.import_module(str(lib))
+
+
+PLUGIN_GROUP = "verl.plugins"
+_plugins_loaded: list[str] | None = None
+
+
+def load_plugins() -> list[str]:
+    """Import every module an installed package declares in the ``verl.plugins`` entry-point group (once per
+    process; a package's ``[project.entry-points."verl.plugins"] name = "my_pkg.register"``), so that what it
+    registers is there without ``external_lib``. Returns the entry points loaded. A plugin that fails to import
+    raises ImportError naming it."""
+    global _plugins_loaded
+    if _plugins_loaded is None:
+        loaded = []
+        for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+            try:
+                ep.load()
+            except Exception as exc:
+                raise ImportError(f"the {PLUGIN_GROUP} entry point {ep.name} = {ep.value} failed to import: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+            loaded.append(ep.name)
+        _plugins_loaded = loaded
+    return list(_plugins_loaded)
+
+
+def import_user_modules(external_libs: str | list[str] | None = None) -> None:
+    """What a user registers, in this process: the ``verl.plugins`` entry points, then ``external_libs``. The driver
+    calls it before the config check and every worker before it builds an engine or a rollout."""
+    load_plugins()
+    import_external_libs(external_libs)
 
 
 def load_module(module_path: str, module_name: str | None = None):

@@ -19,11 +19,18 @@ Backends (``trainer.logger``):
 - ``swanlab``: ``swanlab.init(project, experiment_name, config, logdir=$SWANLAB_LOG_DIR or ./swanlog,
   mode=$SWANLAB_MODE)``; with ``SWANLAB_API_KEY`` set it logs in first. Without a mode and without a key it
   runs ``offline`` (a run file to ``swanlab sync`` later) instead of asking for credentials.
-Any other name fails at construction with the list of supported backends.
+- ``clearml``: a ClearML task (project / experiment name, the config as its "Hyperparameters"); a metric
+  ``actor/pg_loss`` is the scalar series ``pg_loss`` of the plot ``actor``. Without a ClearML server configured
+  (``CLEARML_API_HOST`` or a ``clearml.conf``) the task runs in ClearML's offline mode (a zip to import later).
+- ``trackio``: ``trackio.init(project, name, config)`` (local by default; ``trackio show`` opens the dashboard).
+The tracker packages (tensorboard, wandb, mlflow, swanlab, clearml, trackio) are optional: the driver refuses a
+backend whose package is not installed before anything starts (:func:`missing_backend_package`). Any other name
+fails at construction with the list of supported backends.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import numbers
 import os
@@ -33,9 +40,34 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-__all__ = ["Tracking", "ValidationGenerationsLogger", "concat_dict_to_str", "SUPPORTED_BACKENDS"]
+from verl.utils.config import ConfigError
 
-SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab")
+__all__ = ["Tracking", "ValidationGenerationsLogger", "concat_dict_to_str", "SUPPORTED_BACKENDS",
+           "missing_backend_package", "check_backend_packages"]
+
+SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
+# backend -> (module it imports, pip package that provides it)
+BACKEND_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+                    "mlflow": ("mlflow", "mlflow"), "swanlab": ("swanlab", "swanlab"),
+                    "clearml": ("clearml", "clearml"), "trackio": ("trackio", "trackio")}
+
+
+def missing_backend_package(backend: str) -> str | None:
+    """What to install for ``backend`` when its package is missing (None: nothing to install)."""
+    module, package = BACKEND_PACKAGES.get(backend, (None, None))
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    return (f"trainer.logger={backend} needs the {package} package, which is not installed: pip install {package} "
+            f"(or remove {backend} from trainer.logger)")
+
+
+def check_backend_packages(backends) -> None:
+    """Raise ConfigError for the first of ``backends`` (``trainer.logger``: a name or a list) whose package is
+    missing; run before anything starts."""
+    for backend in [backends] if isinstance(backends, str) else list(backends or []):
+        problem = missing_backend_package(str(backend))
+        if problem:
+            raise ConfigError(problem)
 
 
 def _to_python(value: Any) -> Any:
@@ -212,6 +244,49 @@ class SwanlabLogger:
         self.swanlab.finish()
 
 
+class ClearMLLogger:
+    def __init__(self, project_name: str, experiment_name: str, config: dict | None):
+        try:  # optional heavy dependency (clearml): loaded only when trainer.logger names it
+            import clearml
+        except ImportError:
+            raise ImportError(missing_backend_package("clearml") or "clearml failed to import") from None
+        configured = os.environ.get("CLEARML_API_HOST") or os.environ.get("CLEARML_CONFIG_FILE") or any(
+            os.path.exists(os.path.expanduser(p)) for p in ("~/clearml.conf", "~/.clearml.conf"))
+        if not configured and not os.environ.get("CLEARML_OFFLINE_MODE"):
+            print("clearml: no server configured; the task runs offline (set CLEARML_API_HOST or run clearml-init "
+                  "to log to a server)")
+            clearml.Task.set_offline(offline_mode=True)
+        self.task = clearml.Task.init(project_name=project_name, task_name=experiment_name, continue_last_task=True,
+                                      output_uri=False)
+        if config:
+            self.task.connect_configuration(config, name="Hyperparameters")
+
+    def log(self, data: dict, step: int) -> None:
+        logger = self.task.get_logger()
+        for key, value in _numbers_only(data).items():
+            title, _, series = key.partition("/")
+            logger.report_scalar(title=title, series=series or title, value=value, iteration=step)
+
+    def finish(self) -> None:
+        self.task.close()
+
+
+class TrackioLogger:
+    def __init__(self, project_name: str, experiment_name: str, config: dict | None):
+        try:  # optional heavy dependency (trackio): loaded only when trainer.logger names it
+            import trackio
+        except ImportError:
+            raise ImportError(missing_backend_package("trackio") or "trackio failed to import") from None
+        self.trackio = trackio
+        self.run = trackio.init(project=project_name, name=experiment_name, config=config)
+
+    def log(self, data: dict, step: int) -> None:
+        self.trackio.log(_numbers_only(data), step=step)
+
+    def finish(self) -> None:
+        self.trackio.finish()
+
+
 def _wandb_logged_in() -> bool:
     netrc = os.path.expanduser("~/.netrc")
     try:
@@ -249,6 +324,10 @@ class Tracking:
                 self.logger[backend] = MlflowLogger(project_name, experiment_name, config)
             elif backend == "swanlab":
                 self.logger[backend] = SwanlabLogger(project_name, experiment_name, config)
+            elif backend == "clearml":
+                self.logger[backend] = ClearMLLogger(project_name, experiment_name, config)
+            elif backend == "trackio":
+                self.logger[backend] = TrackioLogger(project_name, experiment_name, config)
 
     def log(self, data: dict, step: int, backend: list[str] | None = None) -> None:
         for name, logger in self.logger.items():

@@ -39,7 +39,9 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
+from verl.utils.import_utils import import_user_modules
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
+from verl.utils.profiler import DistProfiler, DistProfilerExtension
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config_utils import (log_prob_micro_size, memory_metrics, per_device_micro_size, ppo_batch_sizes,
                                        read_only_config)
@@ -85,7 +87,7 @@ def _has_images(prompts: DataProto) -> bool:
 
 
 # ------------------------------------------------------------------------------------ actor/rollout/ref
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(Worker, DistProfilerExtension):
     """Policy roles in one process; see the module docstring for ``role``.
 
     Config keys read (``actor_rollout_ref.*``): ``model.{path, tokenizer_path, override_config,
@@ -110,6 +112,10 @@ class ActorRolloutRefWorker(Worker):
         self._ref_in_actor = self._is_lora and self._is_actor
         if self._ref_in_actor:
             self._is_ref = True
+        # profiled steps: the actor's profiler keys govern this worker (a worker without an actor: the rollout's,
+        # then the reference's)
+        section = "actor" if self._is_actor else "rollout" if self._is_rollout else "ref"
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank, cfg_get(self.config.get(section), "profiler")))
 
         init_distributed()
         prefix = "actor_rollout_ref"
@@ -171,6 +177,7 @@ class ActorRolloutRefWorker(Worker):
         """Build, per role: the actor engine (model, optimizer, scheduler, checkpoints), the reference engine,
         the rollout engine and the hybrid-engine sharding manager."""
         model_cfg = self.config.model
+        import_user_modules(cfg_get(model_cfg, "external_lib", None))  # the user's engines / rollouts register here
         trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
         self.tokenizer = load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or self._model_path(), trust)
         self.generation_config = get_generation_config(self._model_path(), trust)
@@ -256,6 +263,7 @@ class ActorRolloutRefWorker(Worker):
             self.rollout_sharding_manager.bump_weight_version()
 
     @register(dispatch_mode=_ROLLOUT_DP)
+    @DistProfiler.annotate(color="red", role="rollout_generate")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample ``rollout.n`` responses per prompt with this rank's engine (weights pushed first if stale).
 
@@ -331,6 +339,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["temperature"] = float(cfg_get(self.config.get("rollout"), "temperature", 1.0))
 
     @register(dispatch_mode=_ACTOR_DP)
+    @DistProfiler.annotate(color="blue", role="actor_compute_log_prob")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Trainer-engine logprobs of the responses -> ``old_log_probs`` and ``entropys``."""
         if not self._is_actor:
@@ -343,6 +352,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=_ACTOR_DP)
+    @DistProfiler.annotate(color="olive", role="ref_compute_log_prob")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Reference-policy logprobs -> ``ref_log_prob`` (LoRA actors: adapters disabled)."""
         if not self._is_ref:
@@ -355,6 +365,7 @@ class ActorRolloutRefWorker(Worker):
 
     # --------------------------------------------------------------------------------------- update
     @register(dispatch_mode=_ACTOR_DP)
+    @DistProfiler.annotate(color="red", role="actor_update")
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update over ``data`` (mini-batches x ppo_epochs); returns ``meta_info["metrics"]``."""
         if not self._is_actor:
@@ -408,12 +419,13 @@ AsyncActorRolloutRefWorker = ActorRolloutRefWorker
 
 
 # ----------------------------------------------------------------------------------------------- critic
-class CriticWorker(Worker):
+class CriticWorker(Worker, DistProfilerExtension):
     """Value model (token classification head on the LM body): ``compute_values``, ``update_critic``."""
 
     def __init__(self, config, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank, cfg_get(self.config, "profiler")))
         init_distributed()
         self.dp_size = _register_sp_dispatch(self, "critic", self.config)
         rollout_n = int(cfg_get(self.config, "rollout_n", 1))
@@ -431,6 +443,7 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config.model
+        import_user_modules(cfg_get(model_cfg, "external_lib", None))  # the user's engines register here
         engine_config = critic_engine_config(self.config)
         trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
         self.tokenizer = load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or engine_config.model_path, trust)
@@ -445,6 +458,7 @@ class CriticWorker(Worker):
         return getattr(self.engine, "module", None)
 
     @register(dispatch_mode=_CRITIC_DP)
+    @DistProfiler.annotate(color="cyan", role="compute_values")
     def compute_values(self, data: DataProto) -> DataProto:
         """V(s_t) for every response position -> ``values`` (B, R)."""
         data.meta_info["micro_batch_size"] = self.forward_micro.micro_batch_size
@@ -454,6 +468,7 @@ class CriticWorker(Worker):
         return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch_mode=_CRITIC_DP)
+    @DistProfiler.annotate(color="pink", role="critic_update")
     def update_critic(self, data: DataProto) -> DataProto:
         start = time.perf_counter()
         metrics = dict(self.critic.update_critic(data=data))
@@ -473,7 +488,7 @@ class CriticWorker(Worker):
 
 
 # ------------------------------------------------------------------------------------------ reward model
-class RewardModelWorker(Worker):
+class RewardModelWorker(Worker, DistProfilerExtension):
     """A sequence-classification reward model -> ``rm_scores`` (B, R): the score sits on the last valid response
     token, zeros elsewhere (verl's token-level layout).
 
@@ -487,6 +502,7 @@ class RewardModelWorker(Worker):
     def __init__(self, config, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank, cfg_get(self.config, "profiler")))
         init_distributed()
         self.dp_size = dist.get_world_size()
         self.micro_batch_size = per_device_micro_size(self.config, "micro_batch_size", "micro_batch_size_per_gpu",
@@ -498,6 +514,7 @@ class RewardModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.config.model
+        import_user_modules(cfg_get(model_cfg, "external_lib", None))  # the user's engines register here
         engine_config = reward_engine_config(self.config)
         trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
         self.tokenizer = load_tokenizer(engine_config.model_path, trust)
@@ -549,6 +566,7 @@ class RewardModelWorker(Worker):
                                     "position_ids": compute_position_id_with_mask(rm_mask)})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @DistProfiler.annotate(color="brown", role="compute_rm_score")
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (B, R): the RM's score at the last valid response token."""
         rm_data = self._retokenize(data) if self._switch_template else data

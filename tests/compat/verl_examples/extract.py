@@ -19,8 +19,16 @@ bash resolves them:
 * scripts that require positional arguments (verl's SFT scripts: ``<nproc_per_node> <save_path>``) get
   ``POSITIONAL_ARGS`` below, also listed under ``"substituted"``.
 
-JSON shape: ``{script: {"entrypoint": module, "launcher": {...}, "config_path": ..., "config_name": ...,
-"overrides": [...], "substituted": {key: why}}}``; a script that launches twice gets ``script#2`` for the second.
+Files of verl's tree that a launch reads besides its overrides (an ``examples/`` yaml named by ``--config-path``
+/ ``--config-name`` or by a ``main_*.py``'s ``@hydra.main``; tool and interaction configs named by a path
+override) are stored parsed, under ``"files"``, as data only: comments and ``description`` texts are dropped and a
+string longer than ``LONG_STRING`` characters (a chat template) becomes ``PLACEHOLDER_TEMPLATE`` (listed under the
+file's ``"substituted"``). The test writes them back under a stand-in verl checkout.
+
+JSON shape: ``{"source": {repository, ref, commit}, "scripts": {script: {"entrypoint": module, "launcher": {...},
+"config_path": ..., "config_name": ..., "config_file": verl path, "overrides": [...], "substituted": {key: why}}},
+"files": {verl path: {"content": ..., "substituted": [...]}}}``; a script that launches twice would get
+``script#2`` for the second. ``{verl}`` in a value stands for the verl checkout the script runs in.
 """
 
 from __future__ import annotations
@@ -46,9 +54,12 @@ POSITIONAL_ARGS = {"<nproc_per_node>": "2", "<save_path>": "/tmp/verl_sft_save"}
 UNSET_VALUES = {
     "trainer.nnodes": "1",
     "trainer.n_gpus_per_node": "8",
+    "actor_rollout_ref.actor.use_kl_loss": "True",  # the same command sets it to True a few lines before
     "trainer.project_name": "verl_examples",
     "trainer.experiment_name": "verl_examples",
 }
+LONG_STRING = 300
+PLACEHOLDER_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 UNSET_RE = re.compile(r"__UNSET_([A-Za-z_][A-Za-z0-9_]*)__")
 PRELUDE = r"""
 set() { :; }                      # scripts' set -euxo pipefail: keep going past stubs and unset names
@@ -136,7 +147,7 @@ def split_args(args: list[str], root: Path) -> dict:
             key = {"--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name",
                    "-cn": "config_name"}.get(name)
             if key:
-                entry[key] = value.replace(f"{root}/", "").replace(str(root), ".")
+                entry[key] = value.replace(f"{root}/", "{verl}/")
             else:
                 entry.setdefault("flags", []).append(f"{name}={value}")
         elif arg:
@@ -171,9 +182,57 @@ def substitute_unset(entry: dict) -> None:
         entry["substituted"] = substituted
 
 
-def extract(git_dir: str, ref: str) -> dict:
+def config_file_of(git_dir: str, ref: str, script: str, entry: dict) -> str | None:
+    """The verl path of the yaml a launch composes when it is one of verl's examples (not the trainer's own)."""
+    module = entry["entrypoint"]
+    if module.endswith(".py"):  # a script's own main: its @hydra.main(config_path=..., config_name=...)
+        main_py = f"{os.path.dirname(script)}/{module}"
+        source = git(git_dir, "show", f"{ref}:{main_py}")
+        found = re.search(r"@hydra\.main\(\s*config_path=\"([^\"]+)\",\s*config_name=\"([^\"]+)\"", source)
+        return os.path.normpath(f"{os.path.dirname(main_py)}/{found[1]}/{found[2]}.yaml")
+    path = entry.get("config_path", "")
+    if not path.startswith("{verl}/"):
+        return None  # relative to verl/trainer (Hydra's rule for a module's main): the trainer's own config
+    name = entry["config_name"]
+    return f"{path[len('{verl}/'):]}/{name if name.endswith('.yaml') else name + '.yaml'}"
+
+
+def as_data(value, where: str, substituted: list):
+    """A parsed yaml without prose: ``description`` texts dropped, long strings (chat templates) replaced."""
+    if isinstance(value, dict):
+        return {k: as_data(v, f"{where}.{k}" if where else k, substituted) for k, v in value.items()
+                if k != "description"}
+    if isinstance(value, list):
+        return [as_data(v, f"{where}[{i}]", substituted) for i, v in enumerate(value)]
+    if isinstance(value, str) and len(value) > LONG_STRING:
+        substituted.append(f"{where}: a {len(value)}-character string (a chat template) -> a one-line template")
+        return PLACEHOLDER_TEMPLATE
+    return value
+
+
+def stored_file(git_dir: str, ref: str, path: str) -> dict:
+    import yaml
+
+    substituted: list = []
+    content = as_data(yaml.safe_load(git(git_dir, "show", f"{ref}:{path}")), "", substituted)
+    return {"content": content, **({"substituted": substituted} if substituted else {})}
+
+
+def files_read_by(git_dir: str, ref: str, entry: dict) -> list[str]:
+    """verl paths (yaml/json) that the launch's path overrides name."""
+    tree = set(git(git_dir, "ls-tree", "-r", "--name-only", ref).split())
+    out = []
+    for token in entry["overrides"]:
+        value = token.partition("=")[2].strip("'\"")
+        value = value[len("{verl}/"):] if value.startswith("{verl}/") else value
+        if value in tree and value.endswith((".yaml", ".yml", ".json")):
+            out.append(value)
+    return out
+
+
+def extract(git_dir: str, ref: str) -> tuple[dict, dict]:
     scripts = [p for p in git(git_dir, "ls-tree", "-r", "--name-only", ref, "examples/").split() if p.endswith(".sh")]
-    result = {}
+    result, files = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "verl"
         (root / "empty-bin").mkdir(parents=True)
@@ -195,8 +254,13 @@ def extract(git_dir: str, ref: str) -> dict:
                 entry["substituted"] = {**substituted, **entry.get("substituted", {})}
                 if not entry["substituted"]:
                     del entry["substituted"]
+                config_file = config_file_of(git_dir, ref, rel, entry)
+                if config_file:
+                    entry["config_file"] = config_file
+                for path in [config_file] * bool(config_file) + files_read_by(git_dir, ref, entry):
+                    files.setdefault(path, stored_file(git_dir, ref, path))
                 result[rel if n == 1 else f"{rel}#{n}"] = entry
-    return result
+    return result, dict(sorted(files.items()))
 
 
 def main() -> None:
@@ -205,9 +269,10 @@ def main() -> None:
     parser.add_argument("--ref", default="v0.7.0")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     args = parser.parse_args()
+    scripts, files = extract(args.git_dir, args.ref)
     data = {"source": {"repository": "https://github.com/volcengine/verl", "ref": args.ref,
                        "commit": git(args.git_dir, "rev-parse", f"{args.ref}^{{commit}}").strip()},
-            "scripts": extract(args.git_dir, args.ref)}
+            "scripts": scripts, "files": files}
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"{len(data['scripts'])} launches -> {args.out}")
 

@@ -9,6 +9,7 @@ from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, STRATEGIES,
                                                CheckpointConfig, FollowingMegatronConfig, FSDPConfig, MegatronConfig,
                                                OptimConfig, RefFSDPConfig)
 from verl.trainer.config_schema.places import BATCH_SIZES, ENGINE, LOSS, MAIN, MODEL, RUNNER, TRAINER, WORKERS
+from verl.trainer.config_schema.profiler import RoleProfilerConfig
 from verl.trainer.config_schema.spec import Section, key, section
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -75,7 +76,8 @@ class PolicyLossConfig(Section):
 class ActorConfig(Section):
     """``actor_rollout_ref.actor``: the PPO update of the policy."""
 
-    strategy: str = key("fsdp", "training engine: fsdp | fsdp2 (both FSDP2 here) | megatron", choices=STRATEGIES,
+    strategy: str = key("fsdp", "training engine: fsdp | fsdp2 (both FSDP2 here) | megatron | a name registered "
+                                "with verl.workers.engine.register_engine", choices=STRATEGIES,
                         read_in=(WORKERS, MAIN))
     ppo_mini_batch_size: int = key(256, "prompts per optimizer step (x rollout.n responses)", ge=1,
                                    read_in=(WORKERS,))
@@ -137,6 +139,7 @@ class ActorConfig(Section):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     optim: OptimConfig = section(OptimConfig)
     fsdp_config: FSDPConfig = section(FSDPConfig)
+    profiler: RoleProfilerConfig = section(RoleProfilerConfig)
     megatron: MegatronConfig = section(MegatronConfig, optional=True)
 
 
@@ -164,4 +167,5 @@ class RefConfig(Section):
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
+    profiler: RoleProfilerConfig = section(RoleProfilerConfig)
     megatron: FollowingMegatronConfig = section(FollowingMegatronConfig, optional=True)

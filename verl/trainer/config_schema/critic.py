@@ -9,6 +9,7 @@ from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N
 from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
                                                FollowingMegatronConfig, FSDPConfig)
 from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
+from verl.trainer.config_schema.profiler import RewardModelProfilerConfig, RoleProfilerConfig
 from verl.trainer.config_schema.spec import Section, key, picked, section
 
 EXTERNAL_LIB = "custom model classes are imported from actor_rollout_ref.model.external_lib; set that instead"
@@ -77,6 +78,7 @@ class CriticConfig(Section):
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     optim: CriticOptimConfig = section(CriticOptimConfig)
     model: CriticModelConfig = section(CriticModelConfig)
+    profiler: RoleProfilerConfig = section(RoleProfilerConfig)
     megatron: FollowingMegatronConfig = section(FollowingMegatronConfig, optional=True)
 
 
@@ -181,3 +183,4 @@ class RewardModelConfig(Section):
     sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig)
     model: RMModelConfig = section(RMModelConfig)
     rollout: RMRolloutConfig = section(RMRolloutConfig)
+    profiler: RewardModelProfilerConfig = section(RewardModelProfilerConfig)

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from verl.trainer.config_schema.places import CKPT, ENGINE, FSDP, MEGATRON, WORKERS
-from verl.trainer.config_schema.spec import Section, following, key, section
+from verl.trainer.config_schema.spec import Registered, Section, following, key, section
+from verl.workers.engine.registry import engine_names
 
 DTYPES = ("fp32", "float32", "float", "bf16", "bfloat16", "fp16", "float16", "half")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 LR_SCHEDULERS = ("constant", "cosine")
-STRATEGIES = ("fsdp", "fsdp2", "megatron")
+STRATEGIES = Registered(engine_names)  # fsdp, fsdp2, megatron and every name given to register_engine
 
 NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"

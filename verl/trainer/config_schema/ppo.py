@@ -10,11 +10,12 @@ from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
 from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, RUNNER,
                                                TRACKING, CHECKPOINTING, TRAINER, VALIDATION)
+from verl.trainer.config_schema.profiler import GlobalProfilerConfig
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, key, section
 
 TRUNCATIONS = ("error", "left", "right", "middle")
-LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cuda", "npu", "cpu")
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -207,7 +208,8 @@ class TrainerConfig(Section):
     total_training_steps: Optional[int] = key(None, "steps (null: epochs x batches)", ge=1, read_in=(TRAINER,))
     project_name: str = key("verl_examples", "tracker project", read_in=(TRAINER,))
     experiment_name: str = key("gsm8k", "tracker run name", read_in=(TRAINER,))
-    logger: Union[str, list] = key(["console", "wandb"], "console | file | tensorboard | wandb | mlflow | swanlab",
+    logger: Union[str, list] = key(["console", "wandb"], "console | file | tensorboard | wandb | mlflow | swanlab | "
+                                   "clearml | trackio",
                                    items=LOGGERS,
                                    read_in=(TRAINER, TRACKING))
     log_val_generations: int = key(0, "validation samples shown per validation", ge=0, read_in=(VALIDATION,))
@@ -270,3 +272,4 @@ class PPOTrainerConfig(Section):
     trainer: TrainerConfig = section(TrainerConfig)
     ray_init: RayInitConfig = section(RayInitConfig)
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig)
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig)

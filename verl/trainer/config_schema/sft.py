@@ -128,7 +128,8 @@ class SFTTrainerSection(Section):
     experiment_name: str = key("test", "tracker run name", read_in=(SFT,))
     total_epochs: int = key(4, "passes over the training set", ge=1, read_in=(SFT,))
     total_training_steps: Optional[int] = key(None, "steps (null: epochs x steps per epoch)", ge=1, read_in=(SFT,))
-    logger: Union[str, list] = key(["console", "wandb"], "console | file | tensorboard | wandb | mlflow | swanlab",
+    logger: Union[str, list] = key(["console", "wandb"], "console | file | tensorboard | wandb | mlflow | swanlab | "
+                                   "clearml | trackio",
                                    items=LOGGERS,
                                    read_in=(SFT, TRACKING))
     seed: int = key(1, "seed of the model init and the data order", ge=0, read_in=(SFT,))

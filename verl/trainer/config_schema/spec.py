@@ -2,7 +2,8 @@
 
 A section is a frozen dataclass whose fields are made with :func:`key` (a leaf) or :func:`section` (a nested
 section). The field's annotation gives the accepted type(s) (``Optional[...]`` admits null); the metadata gives
-the default, a one-line description, the valid range or choices, and the key's status:
+the default, a one-line description, the valid range or choices (a tuple, or :class:`Registered`: the names a
+registry holds when a value is checked), and the key's status:
 
 - honoured: ``read_in=(paths...)`` names the modules (or packages, ending in ``/``) that read it;
 - rejected unless default: ``unsupported="what is supported instead"``; the value is accepted only when it
@@ -25,9 +26,27 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.utils.config import ConfigError, suggest_keys
 
 __all__ = ["KeySpec", "Section", "key", "section", "following", "specs", "check_value", "check_config", "build", "expectation",
-           "choices_message", "NOT_VERIFIED"]
+           "choices_message", "NOT_VERIFIED", "Registered"]
 
 NOT_VERIFIED = "not verified on hardware"
+
+
+class Registered:
+    """The choices of a key that come from a registry (``choices=Registered(engine_names)``): read each time a value
+    is checked or listed, so a name registered at run time (``register_engine``, ``register_rollout``) is a valid
+    value and an unknown one is refused with the names registered now."""
+
+    def __init__(self, names: Callable[[], typing.Iterable[str]]):
+        self._names = names
+
+    def __iter__(self):
+        return iter(tuple(self._names()))
+
+    def __contains__(self, value: Any) -> bool:
+        return value in tuple(self._names())
+
+    def __repr__(self) -> str:
+        return f"Registered({', '.join(self)})"
 
 
 class Section:
@@ -59,7 +78,7 @@ class KeySpec:
     lt: Optional[float] = None
     also: tuple = ()  # sentinel values allowed outside the range (e.g. -1 = off)
     also_doc: str = ""
-    choices: Optional[tuple] = None
+    choices: Optional[tuple] = None  # or Registered (read from a registry when checked)
     items: Optional[tuple] = None  # allowed elements of a list value
     read_in: tuple = ()
     unsupported: Optional[str] = None
@@ -162,7 +181,7 @@ def specs(cls: type, prefix: str = "", optional: bool = False) -> dict[str, KeyS
         kinds, nullable = _kinds(hints[f.name])
         meta = dict(meta)
         for name in ("choices", "items", "read_in", "also"):
-            if name in meta and meta[name] is not None and not callable(meta[name]):
+            if meta.get(name) is not None and not callable(meta[name]) and not isinstance(meta[name], Registered):
                 meta[name] = tuple(meta[name])
         meta.setdefault("optional", optional)
         out[path] = KeySpec(path=path, kinds=kinds, nullable=nullable or default is None, default=default, doc=doc,

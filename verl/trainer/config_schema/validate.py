@@ -6,9 +6,13 @@ names the key, the bad value and what would work. ``main_ppo`` prints that messa
 before anything is written.
 
 What is checked:
+- first, the user's registrations are imported (``verl.plugins`` entry points, then
+  ``actor_rollout_ref.model.external_lib``), so that an engine, rollout, estimator, loss or reward manager they
+  register is a valid name below;
 - every key against the schema (:mod:`verl.trainer.config_schema.ppo`): unknown keys ("did you mean"), types,
   ranges and choices, and keys that are accepted only at their default (features not available here);
-- registries: ``algorithm.adv_estimator``, ``actor.policy_loss.loss_mode``, KL estimators;
+- registries: ``*.strategy`` (engines), ``rollout.name``, ``algorithm.adv_estimator``,
+  ``actor.policy_loss.loss_mode``, KL estimators;
 - batch arithmetic: train/mini/micro batch sizes against each other and the number of data-parallel ranks
   (:func:`verl.utils.batch_sizes.normalized_batch_sizes`, the same function the workers use);
 - files: ``data.train_files``/``val_files``, model paths (local directory or the offline Hugging Face
@@ -31,6 +35,7 @@ from verl.experimental.agent_loop.config import check_agent_loop_config
 from verl.trainer.config_schema.megatron import check_megatron_config
 from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
 from verl.trainer.config_schema.preflight import check_run_files
+from verl.trainer.config_schema.profiler import check_profiler_config
 from verl.trainer.config_schema.spec import build, check_config, choices_message
 from verl.trainer.host_defaults import (OLD_LOG_PROB_KEY, explicit_override_keys, old_log_prob_update_blocker,
                                         resolve_rollout_tp)
@@ -40,13 +45,17 @@ from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
 from verl.utils.config import ConfigError, unresolved_value
 from verl.utils import device as device_utils
 from verl.utils.device import resolve_device
+from verl.utils.import_utils import import_external_libs, load_plugins
+from verl.utils.tracking import check_backend_packages
 from verl.utils.ulysses import check_ulysses_config
+from verl.workers.engine.registry import engine_workers
 from verl.workers.rollout.layout import check_rollout_parallel
 
 __all__ = ["ConfigError", "PPOPlan", "validate_ppo_config", "typed_ppo_config", "need_critic"]
 
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 AR = "actor_rollout_ref"
+EXTERNAL_LIB = f"{AR}.model.external_lib"
 STRATEGY_KEYS = (f"{AR}.actor.strategy", f"{AR}.ref.strategy", "critic.strategy", "reward_model.strategy")
 
 
@@ -85,6 +94,25 @@ def adv_estimator_choices() -> list[str]:
 def policy_loss_choices() -> list[str]:
     """Registered policy losses."""
     return sorted(getattr(core_algos, "POLICY_LOSS_REGISTRY", {}).keys())
+
+
+def import_registrations(config: DictConfig) -> None:
+    """Import what the user registers (``verl.plugins`` entry points, ``actor_rollout_ref.model.external_lib``) in
+    this process, before any registered name is checked; a module that cannot be imported is a ConfigError."""
+    try:
+        load_plugins()
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    libs = _get(config, EXTERNAL_LIB)
+    try:
+        import_external_libs(list(libs) if isinstance(libs, (list, ListConfig)) else libs)
+    except ModuleNotFoundError as e:
+        missing = e.name or str(e)
+        raise ConfigError(f"{EXTERNAL_LIB}={libs!r}: no module named {missing!r} can be imported here. Put the "
+                          "directory that holds it on PYTHONPATH (Ray workers started by this run inherit it) or "
+                          f"pip install its package, or remove {EXTERNAL_LIB}") from None
+    except Exception as e:  # the user's module raised while importing
+        raise ConfigError(f"{EXTERNAL_LIB}={libs!r}: importing it raised {type(e).__name__}: {e}") from None
 
 
 def _check_kl_type(key: str, value: str) -> None:
@@ -315,7 +343,7 @@ def _batch_sizes(config: DictConfig, n_gpus: int, use_critic: bool, use_ref: boo
         each share one data-parallel rank's rows (the rule the workers use)."""
         # the policy worker lays out its rollout and reference passes on the actor's grid
         role = f"{AR}.actor" if prefix in (f"{AR}.rollout", f"{AR}.ref") else prefix
-        if _get(config, f"{role}.strategy") == "megatron":
+        if engine_workers(_get(config, f"{role}.strategy")) == "megatron":
             model_parallel = (int(_get(config, f"{role}.megatron.tensor_model_parallel_size", 1) or 1)
                               * int(_get(config, f"{role}.megatron.pipeline_model_parallel_size", 1) or 1))
             return max(1, n_gpus // model_parallel)
@@ -364,12 +392,15 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     except Exception as e:  # a broken interpolation such as ${trainer.nonexistent}
         raise ConfigError(f"config interpolation failed: {e}") from None
 
+    import_registrations(config)
     _check_megatron(config, check_files)
     check_config(config, PPOTrainerConfig, choices=_registry_choices(), resolved=resolved)
+    check_backend_packages(_get(config, "trainer.logger"))
     try:
         device = resolve_device(_get(config, "trainer.device", "auto"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_profiler_config(config, device)
 
     if OmegaConf.is_missing(config.actor_rollout_ref.rollout, "name"):
         raise ConfigError(

@@ -17,7 +17,11 @@ Features and how to turn them on:
   ``val-core/<data_source>/reward/mean@N``; ``trainer.log_val_generations`` samples are shown;
 - checkpoints: ``trainer.save_freq`` (and the last step), ``trainer.resume_mode=auto|disable|resume_path``,
   ``trainer.max_{actor,critic}_ckpt_to_keep`` (layout in ``verl.trainer.ppo.checkpoint``);
-- logging: ``trainer.logger`` (console, file, tensorboard, wandb), a PNG of the training curves at the end;
+- logging: ``trainer.logger`` (console, file, tensorboard, wandb, mlflow, swanlab, clearml, trackio), a PNG of the
+  training curves at the end;
+- profiling: ``global_profiler.tool=torch`` with ``global_profiler.steps=[...]`` and a role's
+  ``profiler.enable=True``: the workers write a trace of each of that role's calls in those steps
+  (``verl.trainer.ppo.profiling``, docs/profiling.md);
 - ``trainer.balance_batch``: reorder samples so that every data-parallel rank gets a similar token count;
 - ``reward_model.launch_reward_fn_async=True``: the reward function runs as a Ray task launched right after
   generation and is collected only when the rewards are needed, overlapping old log probs / ref / values;
@@ -58,6 +62,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     reduce_metrics,
 )
+from verl.trainer.ppo.profiling import ProfilingMixin
 from verl.trainer.ppo.reward import compute_reward, compute_reward_async
 from verl.trainer.ppo.rollout_corr import compute_rollout_is_weights, on_policy_metrics
 from verl.trainer.ppo.utils import (
@@ -101,7 +106,7 @@ def compute_response_mask(data: DataProto) -> torch.Tensor:
     return response_attention_mask(data)
 
 
-class RayPPOTrainer(CheckpointMixin, ValidationMixin):
+class RayPPOTrainer(CheckpointMixin, ValidationMixin, ProfilingMixin):
     """PPO / GRPO driver over Ray worker groups (see the module docstring for the features)."""
 
     def __init__(
@@ -288,6 +293,10 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             metrics: dict[str, Any] = {}
             timing_raw: dict[str, float] = {}
             is_last_step = self.global_steps >= self.total_training_steps
+            profile_start, profile_stop = self._profile_bounds()
+            if profile_start:
+                with marked_timer("start_profile", timing_raw):
+                    self._start_profiling(True)
 
             with marked_timer("step", timing_raw):
                 batch = self.train_step(DataProto.from_single_dict(batch_dict), metrics, timing_raw)
@@ -300,6 +309,9 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
                 if self._due(self.config.trainer.save_freq, is_last_step):
                     with marked_timer("save_checkpoint", timing_raw):
                         self._save_checkpoint()
+            if profile_stop:
+                with marked_timer("stop_profile", timing_raw):
+                    self._stop_profiling(True)
 
             metrics.update(self._step_metrics(batch, timing_raw))
             self.logger.log(data=metrics, step=self.global_steps)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.trainer.config_schema.sft import SFTTrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, check_value, specs
 from verl.utils.config import ConfigError
+from verl.utils.tracking import check_backend_packages
 
 __all__ = ["SFTPlan", "validate_sft_config", "typed_sft_config", "as_list"]
 
@@ -85,6 +86,7 @@ def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFT
     data, trainer = config.data, config.trainer
     check_config(config, SFTTrainerConfig, skip=lambda path: path in _LAUNCHER_KEYS)
     _check_launcher_keys(config, world_size)
+    check_backend_packages(trainer.get("logger"))
     if trainer.resume_mode == "resume_path" and not trainer.get("resume_from_path"):
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir of global_step_N>")
 

