@@ -2,7 +2,8 @@
 
 - PPO with GAE + critic: verl's quickstart command line (rollout.name=hf), 2 steps;
 - GRPO: rollout.n=4, KL as a loss (reference policy in its own worker group), 3 steps, with torch traces of step 1
-  (global_profiler.tool=torch) for the actor and the reference;
+  (global_profiler.tool=torch) for the actor and the reference, on a user's engine and rollout registered through
+  ``model.external_lib`` (``strategy=my_strategy``, ``rollout.name=my_rollout``);
 - split placement: actor/rollout/ref on one process, critic on the other (Python API, verl's example);
 - checkpoint, kill the run (SIGKILL, during a checkpoint write), resume: the resumed steps log the same metrics as
   an uninterrupted run.
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.trainer.registry_plugin import markers, write_plugin
 
 pytestmark = pytest.mark.e2e
 
@@ -92,10 +95,13 @@ def _env(run_dir):
                 RAY_DEDUP_LOGS="0", PYTHONUNBUFFERED="1")
 
 
-def run_main(run_dir, args, timeout=900):
+def run_main(run_dir, args, timeout=900, pythonpath=None):
     run_dir.mkdir(parents=True, exist_ok=True)
+    env = _env(run_dir)
+    if pythonpath:  # the driver and the Ray workers it starts import modules from there
+        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env['PYTHONPATH']}"
     with open(run_dir / "log.txt", "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=run_dir, env=_env(run_dir),
+        proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=run_dir, env=env,
                               stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
     assert proc.returncode == 0, (run_dir / "log.txt").read_text()[-6000:]
     return read_metrics(run_dir)
@@ -154,10 +160,22 @@ def test_grpo_n4_kl_loss(assets, tmp_path):
         # torch traces of step 1 for the actor's and the reference's worker calls (docs/profiling.md)
         "global_profiler.tool=torch", "global_profiler.steps=[1]", "global_profiler.save_path=profile",
         "actor_rollout_ref.actor.profiler.enable=True", "actor_rollout_ref.ref.profiler.enable=True",
+        # a user's engine and rollout, registered in the module external_lib names (open registries): the
+        # FSDP engine and HF generate underneath, counting their calls (tests/trainer/registry_plugin.py)
+        "actor_rollout_ref.model.external_lib=my_verl_plugin", "actor_rollout_ref.actor.strategy=my_strategy",
+        "actor_rollout_ref.rollout.name=my_rollout",
     ]
+    lib = tmp_path / "lib"
+    write_plugin(lib)
     run = tmp_path / "grpo"
-    metrics = run_main(run, args)
+    metrics = run_main(run, args, pythonpath=lib)
     assert sorted(metrics) == [1, 2, 3]
+    # both worker processes built the user's engine for the actor and the reference (which follows the actor's
+    # strategy) and the user's rollout, and used them every step; the engine's own metric reaches the driver
+    seen = markers(lib)
+    assert seen.get("engine_build_actor") == seen.get("engine_build_ref") == seen.get("rollout_init") == 2, seen
+    assert seen.get("engine_step") == 2 and seen.get("rollout_generate") == 2, seen
+    assert 1 <= metrics[1]["my_engine/optimizer_steps"] < metrics[3]["my_engine/optimizer_steps"]
     for step in (1, 2, 3):
         m = metrics[step]
         assert "actor/kl_loss" in m and "actor/pg_loss" in m
