@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
+from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import validate_ppo_config
 from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
 from verl.utils.config import ConfigError
@@ -21,10 +21,7 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "verl" / "trainer" / "con
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("assets")
-    write_rl_parquet(root / "train.parquet")
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text("{}")
-    add_tokenizer_file(root / "model")
+    write_validator_assets(root)
     return root
 
 

@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
+from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import validate_ppo_config
 from verl.trainer import main_eval, main_generation
 from verl.trainer.config_schema.catalog import SHIPPED
@@ -92,10 +92,7 @@ def _read(path: str) -> str:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("assets")
-    write_rl_parquet(root / "train.parquet")
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text("{}")
-    add_tokenizer_file(root / "model")
+    write_validator_assets(root)
     return root
 
 

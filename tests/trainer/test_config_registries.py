@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
+from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import validate_ppo_config
 from verl.trainer.ppo import core_algos
 from verl.utils.config import ConfigError
@@ -52,10 +52,7 @@ USER_MODULE = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("registry_assets")
-    write_rl_parquet(root / "train.parquet")
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text("{}")
-    add_tokenizer_file(root / "model")
+    write_validator_assets(root)
     (root / "lib").mkdir()
     (root / "lib" / "unit_registry_user.py").write_text(USER_MODULE)
     (root / "lib" / "unit_registry_broken.py").write_text("raise RuntimeError('boom at import')\n")

@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
+from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import typed_ppo_config, validate_ppo_config
 from verl.trainer.config_schema.catalog import SHIPPED
 from verl.trainer.config_schema.ppo import IS_LEVELS, REWEIGHT_METHODS
@@ -32,10 +32,7 @@ def _compose(name, overrides=()):
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("assets")
-    write_rl_parquet(root / "train.parquet")
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text("{}")
-    add_tokenizer_file(root / "model")
+    write_validator_assets(root)
     return root
 
 

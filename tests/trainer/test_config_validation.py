@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
+from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import validate_ppo_config
 from verl.utils.config import ConfigError, check_overrides, suggest_keys
 
@@ -19,10 +19,7 @@ CONFIG_DIR = str(REPO / "verl" / "trainer" / "config")
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("assets")
-    write_rl_parquet(root / "train.parquet")
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text("{}")
-    add_tokenizer_file(root / "model")
+    write_validator_assets(root)
     return root
 
 

@@ -22,3 +22,13 @@ def write_rl_parquet(path: Path, rows: int = ROWS) -> Path:
 def add_tokenizer_file(model_dir: Path) -> Path:
     (model_dir / "tokenizer.json").write_text("{}")
     return model_dir
+
+
+def write_validator_assets(root: Path, model_config: str = "{}") -> Path:
+    """``root/train.parquet`` and ``root/model`` (a ``config.json`` holding ``model_config`` and a tokenizer file):
+    what a validated config's data and model paths point at. Returns ``root``."""
+    write_rl_parquet(root / "train.parquet")
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text(model_config)
+    add_tokenizer_file(root / "model")
+    return root

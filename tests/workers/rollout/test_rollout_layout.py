@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tests.trainer.validator_assets import add_tokenizer_file, write_rl_parquet
+from tests.trainer.validator_assets import write_validator_assets
 from verl.models.mcore.convert import Shapes, local_hf_pieces, padded_vocab_size, range_overlaps, shard, unshard
 from verl.trainer import host_defaults
 from verl.trainer.config_schema import validate_ppo_config
@@ -328,10 +328,7 @@ def test_engine_size_default_against_the_shipped_yaml(ray_env_restored):
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("layout-assets")
-    write_rl_parquet(root / "train.parquet")
-    (root / "model").mkdir()
-    (root / "model" / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
-    add_tokenizer_file(root / "model")
+    write_validator_assets(root, json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2}))
     return root
 
 
