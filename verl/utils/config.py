@@ -157,6 +157,7 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
     - ``+key=value`` / ``++key=value``: allowed under a free-form dict (an empty dict in the YAML, e.g.
       ``actor_rollout_ref.model.override_config``); elsewhere a new key that is a near-miss of an existing key
       is refused as a probable typo, and any other new key is allowed with a warning (recipes add their own).
+      ``+key=value`` on an existing key follows Hydra: accepted when the key is null or the value a list/dict.
     - ``~key``: the key must exist.
     Hydra's own overrides (``hydra.*``, ``hydra/...``) and config-group selections are skipped.
     Returns warnings (strings) for the caller to print.
@@ -204,7 +205,7 @@ def _check_override(ov, base_cfg: DictConfig, all_keys: list[str]) -> str | None
         raise ConfigError(_unknown_key_message(key, all_keys, base_cfg))
     # ADD / FORCE_ADD
     if exists:
-        if ov.type == OverrideType.ADD:
+        if ov.type == OverrideType.ADD and not _hydra_adds_over(base_cfg, key, ov):
             raise ConfigError(
                 f"'{key}' already exists in the config; set it without the '+': {ov.input_line.lstrip('+')}")
         return None
@@ -214,6 +215,20 @@ def _check_override(ov, base_cfg: DictConfig, all_keys: list[str]) -> str | None
     if close:
         raise ConfigError(_unknown_key_message(key, all_keys, base_cfg, suggestions=close))
     return f"warning: '{key}' is not a known config key; adding it as requested by '{ov.input_line}'"
+
+
+def _hydra_adds_over(cfg: DictConfig, key: str, ov) -> bool:
+    """Whether Hydra accepts ``+key=value`` on an existing key: it does when the current value is null or the new
+    value is a list or dict (verl's scripts rely on it, e.g. ``+data.response_dict_keys=[answer]``)."""
+    try:
+        current = OmegaConf.select(cfg, key, throw_on_missing=False)
+    except Exception:  # an interpolation that does not resolve yet: not null
+        current = object()
+    try:
+        value = ov.value()
+    except Exception:
+        value = None
+    return current is None or isinstance(value, (list, dict))
 
 
 def _inside_free_form(cfg: DictConfig, parts: list[str]) -> bool:

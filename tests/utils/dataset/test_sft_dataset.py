@@ -123,3 +123,27 @@ def test_multiturn_errors_and_truncation(tok, tmp_path):
         MultiTurnSFTDataset(f, tok, sft_cfg(max_length=32))[0]
     left = MultiTurnSFTDataset(f, tok, sft_cfg(max_length=32, truncation="left"))[0]
     assert left["attention_mask"].all() and trained_text(tok, left) == "y<|im_end|>"
+
+
+def test_dict_keys_on_verl_gsm8k_layout(tok, tmp_path):
+    """verl's gsm8k SFT scripts: data.prompt_key=response_key=extra_info, prompt_dict_keys=[question],
+    response_dict_keys=[answer]; the struct may come wrapped in a one-element list."""
+    rows = [
+        {"extra_info": {"question": "2+3=", "answer": "5", "index": 0, "split": "train"}},
+        {"extra_info": {"question": "4*4=", "answer": "16", "index": 1, "split": "train"}},
+    ]
+    c = sft_cfg(prompt_key="extra_info", response_key="extra_info", prompt_dict_keys=["question"],
+                response_dict_keys=["answer"])
+    ds = SFTDataset(write(tmp_path / "gsm8k.parquet", rows), tok, c)
+    plain = SFTDataset(write(tmp_path / "plain.parquet", [{"prompt": "4*4=", "response": "16"}]), tok, sft_cfg())
+    assert trained_text(tok, ds[0]) == "5<|im_end|>" and trained_text(tok, ds[1]) == "16<|im_end|>"
+    assert torch.equal(ds[1]["input_ids"], plain[0]["input_ids"])  # same tokens as the plain columns
+    assert torch.equal(ds[1]["loss_mask"], plain[0]["loss_mask"])
+    wrapped = SFTDataset(write(tmp_path / "wrapped.parquet", [{"e": [rows[1]["extra_info"]]}]), tok,
+                         sft_cfg(prompt_key="e", response_key="e", prompt_dict_keys=["question"],
+                                 response_dict_keys=["answer"]))
+    assert torch.equal(wrapped[0]["input_ids"], plain[0]["input_ids"])
+    with pytest.raises(KeyError, match=r"data.response_dict_keys=\['solution'\].*keys are \['answer'"):
+        SFTDataset(write(tmp_path / "g2.parquet", rows), tok, OmegaConf.merge(c, {"response_dict_keys": ["solution"]}))[0]
+    with pytest.raises(ValueError, match=r"data.response_dict_keys=\[answer\]"):  # the dict itself is no response
+        SFTDataset(write(tmp_path / "g3.parquet", rows), tok, OmegaConf.merge(c, {"response_dict_keys": None}))[0]

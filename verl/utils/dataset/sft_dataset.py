@@ -105,12 +105,26 @@ class _SFTBase(Dataset):
         return len(self.rows)
 
 
-def _dig(value, keys, column: str, where: str):
-    for key in keys or []:
-        if not isinstance(value, dict) or key not in value:
-            raise KeyError(f"{column!r} in {where} has no key {key!r} (from data.*_dict_keys)")
-        value = value[key]
+def _unwrap(value):
+    """A one-element list or array around a value (how some parquet writers store a struct) is the value."""
+    while isinstance(value, (list, tuple, np.ndarray)) and len(value) == 1:
+        value = value[0]
     return value
+
+
+def _dig(value, keys, column: str, where: str, dict_key: str = "data.*_dict_keys"):
+    """``value[keys[0]][keys[1]]...``: the text inside a dict-valued column (verl's ``prompt_dict_keys`` /
+    ``response_dict_keys``, e.g. ``extra_info`` -> ``answer`` in verl's gsm8k files)."""
+    for key in keys or []:
+        value = _unwrap(value)
+        if not isinstance(value, dict):
+            raise KeyError(f"{column!r} in {where} is a {type(value).__name__}, not a dict, so {dict_key}="
+                           f"{list(keys)} cannot look up {key!r}; set {dict_key}=null for a plain text column")
+        if key not in value:
+            raise KeyError(f"{column!r} in {where} has no key {key!r} ({dict_key}={list(keys)}); its keys are "
+                           f"{sorted(value)}")
+        value = value[key]
+    return _unwrap(value) if keys else value
 
 
 class SFTDataset(_SFTBase):
@@ -132,8 +146,13 @@ class SFTDataset(_SFTBase):
 
     def __getitem__(self, item: int) -> dict[str, Any]:
         row, where = self.rows[item], self._where(item)
-        prompt = _dig(row[self.prompt_key], self.prompt_dict_keys, self.prompt_key, where)
-        response = _dig(row[self.response_key], self.response_dict_keys, self.response_key, where)
+        prompt = _dig(row[self.prompt_key], self.prompt_dict_keys, self.prompt_key, where, "data.prompt_dict_keys")
+        response = _dig(row[self.response_key], self.response_dict_keys, self.response_key, where,
+                        "data.response_dict_keys")
+        if isinstance(response, (dict, list, np.ndarray)):
+            raise ValueError(f"the response in {where} ({self.response_key!r}) is a {type(response).__name__}, not "
+                             "text; point data.response_dict_keys at the text inside it (e.g. "
+                             "data.response_dict_keys=[answer])")
         if isinstance(prompt, np.ndarray):
             prompt = prompt.tolist()
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
