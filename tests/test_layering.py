@@ -25,6 +25,11 @@ LAYERS = {
 ALGORITHMS = {"verl.trainer.ppo.core_algos", "verl.trainer.ppo.advantage", "verl.trainer.ppo.policy_loss",
               "verl.trainer.ppo.kl", "verl.trainer.ppo.pf_ppo", "verl.trainer.ppo.rollout_corr",
               "verl.trainer.preference.losses", "verl.trainer.preference.pairs"}
+# The config schema's section modules (keys, defaults, ranges; no validation logic) sit in the workers' layer: the
+# typed config classes of verl.workers.config are built on them. They import only utils, each other and the
+# engine / rollout registries (so registered names are valid values).
+SCHEMA_SECTIONS = {f"verl.trainer.config_schema.{m}" for m in
+                   ("spec", "places", "engine", "actor", "critic", "rollout", "profiler", "ppo")}
 # verl's public home of the profiler is under utils, but its worker mixin (DistProfilerExtension) registers
 # start_profile / stop_profile as worker-group methods: the package (and verl.utils.debug, verl's older name for
 # it) sits in the single controller's layer, so nothing else in utils may import it.
@@ -52,6 +57,12 @@ ALLOWED_LAZY = {
     ("verl/trainer/config_schema/megatron.py", "transformers"):
         "the HF config is read only when a Megatron config is validated",
     ("verl/utils/ulysses.py", "transformers"): "the HF config is read only when Ulysses parallelism is validated",
+    ("verl/workers/config/model.py", "verl.utils.tokenizer"):
+        "the typed model config is built where no model loads (the driver); the tokenizer loads on first read",
+    ("verl/workers/config/model.py", "verl.utils.model"):
+        "the typed model config is built where no model loads (the driver); the HF config loads on first read",
+    ("verl/workers/config/optimizer.py", "verl.utils.fsdp_utils"):
+        "verl's build_optimizer: the FSDP utilities (torch.distributed) load only when an optimizer is built",
     ("verl/experimental/agent_loop/agent_loop.py", "verl.protocol"):
         "the agent-loop registry is read by config validation; only packing a batch needs DataProto",
 }
@@ -110,7 +121,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(mod: str) -> int | None:
-    if any(mod == a or mod.startswith(a + ".") for a in ALGORITHMS):
+    if any(mod == a or mod.startswith(a + ".") for a in ALGORITHMS) or mod in SCHEMA_SECTIONS:
         return LAYERS["verl.workers"]
     if any(mod == a or mod.startswith(a + ".") for a in SINGLE_CONTROLLER_UTILS):
         return LAYERS["verl.single_controller"]
@@ -305,3 +316,41 @@ def test_main_ppo_driver_does_not_load_the_trainer(tmp_path):
             "if h in sys.modules])\n")
     out = subprocess.run([sys.executable, "-c", dapo], capture_output=True, text=True, cwd=ROOT).stdout
     assert "LOADED []" in out, out
+
+
+CONFIG_PKG = "verl.workers.config"
+# what the typed config classes may not depend on: the workers (they are built before any worker exists), the
+# trainer's algorithms and loop, and the experimental agent loops
+CONFIG_FORBIDDEN = ("verl.workers", "verl.trainer.ppo", "verl.experimental")
+
+
+def _forbidden_for_config(dep: str) -> bool:
+    if dep == CONFIG_PKG or dep.startswith(CONFIG_PKG + "."):
+        return False
+    return any(dep == f or dep.startswith(f + ".") for f in CONFIG_FORBIDDEN)
+
+
+def test_typed_configs_do_not_import_workers_trainer_or_experimental():
+    """verl.workers.config imports neither other verl.workers modules, verl.trainer.ppo nor verl.experimental:
+    statically (its own imports), and at run time (what importing it loads, package __init__s included)."""
+    g = graph()
+    mods = [m for m in g if m == CONFIG_PKG or m.startswith(CONFIG_PKG + ".")]
+    assert len(mods) >= 8, mods
+    bad = sorted(f"{m} imports {d}" for m in mods for d in g[m] if _forbidden_for_config(d))
+    assert bad == [], bad
+    import subprocess
+    import sys
+
+    probe = ("import sys, verl.workers.config\n"
+             "print('LOADED', sorted(m for m in sys.modules if m.startswith(('verl.trainer.ppo', 'verl.experimental',"
+             " 'verl.workers.engine.fsdp', 'verl.workers.fsdp_workers', 'transformers'))))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert "LOADED []" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_config_layer_check_catches_an_upward_import():
+    assert _forbidden_for_config("verl.workers.fsdp_workers")
+    assert _forbidden_for_config("verl.trainer.ppo.core_algos")
+    assert _forbidden_for_config("verl.experimental.agent_loop")
+    assert not _forbidden_for_config("verl.workers.config.engine")
+    assert not _forbidden_for_config("verl.trainer.config_schema.actor")

@@ -1,7 +1,8 @@
 """Config helpers shared by every entry point: typed views of OmegaConf nodes and override checking.
 
-- ``omega_conf_to_dataclass(node, Dataclass)``: turn a config node into a typed dataclass once (unknown keys
-  in the node are ignored, missing ones take the dataclass default).
+- ``omega_conf_to_dataclass(node, Dataclass=None)``: turn a config node into a typed dataclass once (unknown keys
+  in the node are ignored, missing ones take the dataclass default); without a class, the node's ``_target_`` or
+  its place in the config picks one of :mod:`verl.workers.config`'s classes.
 - ``check_overrides(base_cfg, overrides)``: look at Hydra command-line overrides *before* Hydra composes the
   config, so that a misspelled key fails with our message ("did you mean ...") instead of Hydra's.
 - ``cfg_get(node, "a.b", default)``: read one value from an OmegaConf node, dict, dataclass or None, with a
@@ -12,8 +13,10 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
+import importlib
 import typing
 import warnings
 from collections.abc import Mapping
@@ -38,6 +41,11 @@ class ConfigError(ValueError):
     """The user's configuration cannot be run; the message names the key and what would work."""
 
 
+# the dotted yaml path (ending in '.') of the config section being built into a typed class, so that the class's
+# checks name the user's key (``actor_rollout_ref.actor.clip_ratio``); '' when built outside a config
+config_path_prefix: contextvars.ContextVar[str] = contextvars.ContextVar("config_path_prefix", default="")
+
+
 def cfg_get(config: Any, key: str, default: Any = None) -> Any:
     """``config.a.b`` for ``key="a.b"`` on a DictConfig, dict, dataclass or None.
 
@@ -60,33 +68,92 @@ def cfg_get(config: Any, key: str, default: Any = None) -> Any:
 
 
 def omega_conf_to_dataclass(config: Any, dataclass_type: type | None = None) -> Any:
-    """Convert an OmegaConf node (or dict) to ``dataclass_type``.
+    """Convert an OmegaConf node (or dict) to a dataclass, as verl does.
 
-    Nested dataclass fields are converted recursively; keys the dataclass does not declare are dropped (the
-    YAML may carry keys for other components). With ``dataclass_type=None`` the node's ``_target_`` is not
-    consulted; a plain resolved dict is returned.
+    - ``dataclass_type`` given: build it. Nested dataclass fields are converted recursively; keys the dataclass
+      does not declare are dropped (the yaml may carry keys for other components). The typed config classes of
+      :mod:`verl.workers.config` check the values on construction (a ``ConfigError`` names the yaml key).
+    - ``dataclass_type=None``: the class named by the node's ``_target_`` (``verl.workers.config.FSDPActorConfig``
+      in verl's yamls); without one, the class of the node's place in a PPO config
+      (``verl.workers.config.config_class_for``: ``actor_rollout_ref.actor`` -> ``FSDPActorConfig`` or
+      ``McoreActorConfig`` by its strategy, ``critic`` -> ``FSDPCriticConfig``, ``*.optim`` ->
+      ``FSDPOptimizerConfig`` ...); a node with neither is returned as a plain resolved dict.
+    - an empty node gives ``dataclass_type()`` (None without a type); a value that is not a config node (an
+      object already built) is returned unchanged.
     """
-    if config is None:
-        return None
-    if isinstance(config, (DictConfig, ListConfig)):
-        config = OmegaConf.to_container(config, resolve=True)
-    if dataclass_type is None:
+    if config is None or (isinstance(config, (DictConfig, ListConfig, dict, list)) and len(config) == 0):
+        return None if dataclass_type is None else dataclass_type()
+    if not isinstance(config, (DictConfig, ListConfig, dict, list)):
         return config
+    where = _node_path(config)
+    if dataclass_type is None:
+        dataclass_type = _target_class(config, where)
+        if dataclass_type is None:
+            return OmegaConf.to_container(config, resolve=True) if isinstance(config, (DictConfig, ListConfig)) \
+                else config
     if not dataclasses.is_dataclass(dataclass_type):
         raise TypeError(f"{dataclass_type} is not a dataclass")
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return config
+    if isinstance(config, (DictConfig, ListConfig)):
+        config = OmegaConf.to_container(config, resolve=True)
+    token = config_path_prefix.set(f"{where}." if where else "")
+    try:
+        return _build(dataclass_type, config)
+    finally:
+        config_path_prefix.reset(token)
+
+
+def _build(dataclass_type: type, config: dict) -> Any:
     kwargs = {}
     hints = _field_types(dataclass_type)
+    prefix = config_path_prefix.get()
     for field in dataclasses.fields(dataclass_type):
         if not field.init or field.name not in config:
             continue
         value = config[field.name]
-        sub = hints.get(field.name)
+        sub = field.metadata.get("section") or hints.get(field.name)
         if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(value, dict):
-            value = omega_conf_to_dataclass(value, sub)
+            token = config_path_prefix.set(f"{prefix}{field.name}." if prefix else "")
+            try:
+                value = _build(sub, value)
+            finally:
+                config_path_prefix.reset(token)
         kwargs[field.name] = value
     return dataclass_type(**kwargs)
+
+
+# the class of a yaml section that carries no ``_target_``, by its place in the config: imported by name (like a
+# ``_target_``) so that this module stays below the workers
+SECTION_CLASSES = "verl.workers.config:config_class_for"
+
+
+def _node_path(config: Any) -> str:
+    """The dotted key of a DictConfig inside its root config ('' for a root or a plain dict)."""
+    if not isinstance(config, DictConfig):
+        return ""
+    try:
+        return str(config._get_full_key(None) or "")
+    except Exception:  # a node detached from its parent has no path
+        return ""
+
+
+def _import_object(name: str) -> Any:
+    module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"cannot import {name!r}: {err}") from None
+
+
+def _target_class(config: Any, where: str) -> type | None:
+    target = config.get("_target_") if isinstance(config, (DictConfig, dict)) else None
+    if target:
+        cls = _import_object(str(target))
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            raise ConfigError(f"{where + '.' if where else ''}_target_={target!r} is not a dataclass")
+        return cls
+    if not where or not isinstance(config, DictConfig):
+        return None
+    return _import_object(SECTION_CLASSES)(where, config)
 
 
 def _field_types(dataclass_type: type) -> dict:

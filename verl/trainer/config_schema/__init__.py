@@ -7,14 +7,33 @@ valid ranges and support status, and the validators built on it.
 - ``python -m verl.trainer.config_schema.reference`` writes ``docs/config_reference.md``.
 """
 
-from verl.trainer.config_schema.ppo import AlgorithmConfig, PPOTrainerConfig, TrainerConfig
-from verl.trainer.config_schema.validate import (PPOPlan, _check_pf_ppo, adv_estimator_choices, need_critic,
-                                                 policy_loss_choices, slow_half_precision_keys, typed_ppo_config,
-                                                 validate_ppo_config, warn_slow_cpu_bf16)
+from __future__ import annotations
+
+import importlib
+
 from verl.utils.config import ConfigError
 
-AlgoConfig = AlgorithmConfig  # the name this module exported before the schema was split into sections
+# names -> submodule, imported on first use (PEP 562): importing one section module (``.actor`` for
+# verl.workers.config) does not load the validator and what it imports (the trainer's algorithms, agent loops)
+_LAZY = {"AlgorithmConfig": "ppo", "PPOTrainerConfig": "ppo", "TrainerConfig": "ppo", "PPOPlan": "validate",
+         "_check_pf_ppo": "validate", "adv_estimator_choices": "validate", "need_critic": "validate",
+         "policy_loss_choices": "validate", "slow_half_precision_keys": "validate", "typed_ppo_config": "validate",
+         "validate_ppo_config": "validate", "warn_slow_cpu_bf16": "validate"}
+_ALIASES = {"AlgoConfig": "AlgorithmConfig"}  # the name this module exported before the schema was split
 
 __all__ = ["ConfigError", "PPOPlan", "PPOTrainerConfig", "TrainerConfig", "AlgoConfig", "AlgorithmConfig",
            "validate_ppo_config", "typed_ppo_config", "need_critic", "adv_estimator_choices", "policy_loss_choices",
            "slow_half_precision_keys", "warn_slow_cpu_bf16", "_check_pf_ppo"]
+
+
+def __getattr__(name: str):
+    real = _ALIASES.get(name, name)
+    if real in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[real]}"), real)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_ALIASES))

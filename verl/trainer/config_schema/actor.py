@@ -23,6 +23,27 @@ class FusedKernelOptions(Section):
                                         "(model.use_fused_kernels=True runs the chunked torch head)")
 
 
+NO_TILED_MLP = "tiled MLP computation is not available; the MLP runs in one piece (use gradient checkpointing for memory)"
+NO_MOE = "the supported architectures have no experts, so there is no routing to record or replay; leave the default"
+
+
+@dataclass(frozen=True)
+class TiledMLPConfig(Section):
+    """``model.tiled_mlp``: verl's memory-saving MLP split (not available)."""
+
+    enabled: bool = key(False, "compute the MLP in shards of the sequence", unsupported=NO_TILED_MLP + "; leave false")
+    num_shards: int = key(4, "shards of the tiled MLP", ge=1, unsupported=NO_TILED_MLP)
+
+
+@dataclass(frozen=True)
+class RouterReplayConfig(Section):
+    """``*.router_replay``: record or replay the expert routing of mixture-of-experts models."""
+
+    mode: str = key("disabled", "disabled | R2 | R3", choices=("disabled", "R2", "R3"), unsupported=NO_MOE)
+    record_file: Optional[str] = key(None, "file the routing decisions are written to", unsupported=NO_MOE)
+    replay_file: Optional[str] = key(None, "file the routing decisions are read from", unsupported=NO_MOE)
+
+
 @dataclass(frozen=True)
 class ModelConfig(Section):
     """``actor_rollout_ref.model``: the policy checkpoint and how it is adapted (LoRA, checkpointing)."""
@@ -60,6 +81,7 @@ class ModelConfig(Section):
                                          "never holding [tokens, vocab] logits (FSDP engine; same values)",
                                   read_in=(ENGINE,))
     fused_kernel_options: FusedKernelOptions = section(FusedKernelOptions)
+    tiled_mlp: TiledMLPConfig = section(TiledMLPConfig)
 
 
 @dataclass(frozen=True)
@@ -135,7 +157,11 @@ class ActorConfig(Section):
     tis_imp_ratio_cap: Optional[float] = key(None, "truncated IS cap on pi_old/pi_rollout (older spelling of "
                                              "algorithm.rollout_correction)", gt=0, also=(-1,), also_doc="off",
                                              read_in=(WORKERS,), optional=True)
+    freeze_vision_tower: bool = key(False, "keep a vision-language policy's vision tower frozen",
+                                    unsupported="the whole policy is trained (or its LoRA adapters with "
+                                                "model.lora_rank > 0); leave false")
     policy_loss: PolicyLossConfig = section(PolicyLossConfig)
+    router_replay: RouterReplayConfig = section(RouterReplayConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)
     optim: OptimConfig = section(OptimConfig)
     fsdp_config: FSDPConfig = section(FSDPConfig)
@@ -166,6 +192,7 @@ class RefConfig(Section):
                                               read_in=(WORKERS,))
     entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
+    router_replay: RouterReplayConfig = section(RouterReplayConfig)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
     profiler: RoleProfilerConfig = section(RoleProfilerConfig)
     megatron: FollowingMegatronConfig = section(FollowingMegatronConfig, optional=True)

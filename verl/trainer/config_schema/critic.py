@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N
+from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N, TiledMLPConfig
 from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
                                                FollowingMegatronConfig, FSDPConfig)
 from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
@@ -41,6 +41,7 @@ class CriticModelConfig(Section):
     lora_alpha: float = key(16, "LoRA scaling of the critic", gt=0, unsupported=NO_CRITIC_LORA)
     target_modules: Union[str, list] = key("all-linear", "critic LoRA target modules", unsupported=NO_CRITIC_LORA)
     fsdp_config: FSDPConfig = section(FSDPConfig)
+    tiled_mlp: TiledMLPConfig = section(TiledMLPConfig)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,9 @@ class RMModelConfig(Section):
                                           "scores)", read_in=(WORKERS,))
     use_fused_kernels: bool = key(False, "fused kernels", follows="actor_rollout_ref.model.use_fused_kernels",
                                   unsupported="fused kernels are not available; use False")
+    override_config: dict = key({}, "free-form overrides of the reward model's HF config", read_in=(WORKERS, MODEL))
+    use_shm: bool = key(False, "copy the reward model to /dev/shm before loading",
+                        unsupported="the workers load from reward_model.model.path directly; leave false")
     fsdp_config: RMFSDPConfig = section(RMFSDPConfig)
 
 
@@ -132,6 +136,9 @@ class RMRolloutConfig(Section):
     disable_log_stats: bool = key(True, "silence engine stats", unsupported=NO_GENRM)
     prompt_length: int = key(2048, "prompt budget", ge=1, unsupported=NO_GENRM)
     response_length: int = key(2048, "max new tokens", ge=1, unsupported=NO_GENRM)
+    cudagraph_capture_sizes: Optional[list] = key(None, "CUDA graph batch sizes", unsupported=NO_GENRM)
+    engine_kwargs: dict = key({}, "free-form engine arguments", unsupported=NO_GENRM)
+    skip_tokenizer_init: bool = key(False, "start the engine without a tokenizer", unsupported=NO_GENRM)
 
 
 NO_SANDBOX = ("sandboxed code execution (Sandbox Fusion) is not available; score code with your own function "

@@ -101,6 +101,23 @@ class TraceConfig(Section):
                                              "samples; leave it null")
     token2text: bool = key(False, "decode token ids in traces",
                            unsupported="rollout tracing is not available; leave false")
+    max_samples_per_step_per_worker: Optional[int] = key(None, "traced samples per step and worker", ge=0,
+                                                         unsupported="rollout tracing is not available; leave null")
+
+
+NO_PROMETHEUS = ("the engines run inside the workers, without an HTTP server for Prometheus to scrape; rollout "
+                 "metrics are logged with the step's metrics; leave the default")
+
+
+@dataclass(frozen=True)
+class PrometheusConfig(Section):
+    """``rollout.prometheus``: verl's Prometheus scraping of server-mode engines (not available)."""
+
+    enable: bool = key(False, "scrape the rollout servers' metrics", unsupported=NO_PROMETHEUS)
+    port: int = key(9090, "Prometheus port", ge=1, unsupported=NO_PROMETHEUS)
+    file: str = key("/tmp/ray/session_latest/metrics/prometheus/prometheus.yml", "Prometheus config file",
+                    unsupported=NO_PROMETHEUS)
+    served_model_name: Optional[str] = key(None, "model name shown in the dashboards", unsupported=NO_PROMETHEUS)
 
 
 @dataclass(frozen=True)
@@ -169,7 +186,19 @@ class RolloutConfig(Section):
     layered_summon: bool = key(False, "gather the actor's weights for the push one parameter at a time (least "
                                       "memory) instead of in 256 MB buckets (fewest collectives)",
                                       read_in=(SHARDING,))
+    cudagraph_capture_sizes: Optional[list] = key(None, "batch sizes vLLM captures CUDA graphs for",
+                                                  unsupported="vLLM's own capture sizes are used; leave null (vLLM "
+                                                              "arguments go through engine_kwargs.vllm)")
+    skip_rollout: bool = key(False, "replay rollouts dumped to skip_dump_dir instead of generating",
+                             unsupported="every step generates its rollouts; leave false")
+    skip_dump_dir: str = key("/tmp/rollout_dump", "where skip_rollout dumps and reads rollouts",
+                             unsupported="skip_rollout is not available; leave the default")
+    skip_tokenizer_init: bool = key(True, "start the engine without its own tokenizer (token ids in and out)",
+                                    unsupported="the engines are given token ids and the trainer decodes; leave true")
+    enable_rollout_routing_replay: bool = key(False, "record expert routing during rollout (mixture-of-experts)",
+                                              unsupported="the supported architectures have no experts; leave false")
     trace: TraceConfig = section(TraceConfig)
+    prometheus: PrometheusConfig = section(PrometheusConfig)
     multi_turn: MultiTurn = section(MultiTurn)
     agent: AgentConfig = section(AgentConfig)
     engine_kwargs: EngineKwargs = section(EngineKwargs)
