@@ -22,6 +22,9 @@ VALUE_PASS = ("the critic's value pass is sized by critic.forward_micro_batch_si
 class FSDPCriticModelCfg(schema.CriticModelConfig, CheckedSection):
     """``critic.model``: the value model checkpoint and how the FSDP engine shards it."""
 
+    lora: dict = key({}, "Megatron LoRA settings of the value model",
+                     unsupported="the critic trains all its parameters here (LoRA on the critic is not available); "
+                                 "leave it empty")
     fsdp_config: FSDPEngineConfig = section(FSDPEngineConfig)
 
 
