@@ -10,7 +10,7 @@ import ray  # a hard requirement: a broken install must fail here, not skip
 
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]  # starts Ray in this process
 
 
 @pytest.fixture(scope="module")

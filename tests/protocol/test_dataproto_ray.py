@@ -17,6 +17,9 @@ def local_ray():
     ray.shutdown()
 
 
+pytestmark = pytest.mark.own_ray  # starts Ray in this process
+
+
 @pytest.mark.e2e
 def test_put_get_round_trip_and_future(local_ray):
     data = DataProto.from_dict({"x": torch.arange(8.0)}, {"label": [f"s{i}" for i in range(8)]},

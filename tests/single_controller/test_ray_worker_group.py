@@ -27,7 +27,7 @@ from verl.single_controller.ray import (
     create_colocated_worker_cls_fused,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]  # starts Ray in this process
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ ranks necessarily run on different nodes. The nodes are torn down at the end by 
 process sessions): `ray stop` would also stop every other Ray instance of this user on the machine."""
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,73 +16,29 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_main_ppo_e2e import assets, quickstart_args, read_metrics  # noqa: E402,F401
 
-pytestmark = pytest.mark.e2e
+from ray_nodes import RAY, free_ports, kill_sessions, node_ports_args, ray_start  # noqa: E402
 
-RAY = str(Path(sys.executable).with_name("ray"))
+pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]  # starts its own Ray nodes
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _session_pids(sids: list[int]) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat="], capture_output=True, text=True, check=True).stdout
-    return [int(p) for p, s, st in (line.split() for line in out.splitlines()) if int(s) in sids and "Z" not in st]
-
-
-def _kill_sessions(sids: list[int], grace: float = 15.0) -> None:
-    """SIGTERM every process of these sessions, SIGKILL what is left after ``grace`` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in _session_pids(sids):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + wait
-        while _session_pids(sids) and time.time() < deadline:
-            time.sleep(0.5)
-
-
-def _ray_start(args: list[str], env: dict, log: Path, sids: list[int], attempts: int = 1) -> None:
-    """Run `ray start ...` in a new process session (its daemons inherit it, so the test can stop exactly them).
-    A node whose agents start too slowly on a busy machine makes `ray start` time out; it is retried."""
-    for attempt in range(attempts):
-        with open(log, "a") as f:
-            proc = subprocess.Popen([RAY, "start", *args, "--disable-usage-stats"], env=env, stdout=f,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            sids.append(proc.pid)
-            rc = proc.wait(timeout=240)
-        if rc == 0:
-            return
-        _kill_sessions([proc.pid], grace=5.0)
-    raise AssertionError(f"ray start {' '.join(args[:2])} failed {attempts} times:\n" + log.read_text()[-4000:])
 
 
 def test_main_ppo_on_two_ray_nodes_through_ray_job_submit(assets, tmp_path):
     temp = tempfile.mkdtemp(prefix="rn", dir="/tmp")  # short: Ray's unix socket paths have a length limit
-    gcs, dash, client, *agent = _free_ports(11)
+    gcs, dash, client, *agent = free_ports(11)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1")
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # "0" (single-machine mode) refuses `ray start --address`
     sids = []
     try:
-        _ray_start(
+        ray_start(
             ["--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs), "--num-cpus", "1", "--num-gpus", "0",
              "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
              "--ray-client-server-port", str(client), "--temp-dir", temp,
-             "--dashboard-agent-listen-port", str(agent[0]), "--dashboard-agent-grpc-port", str(agent[1]),
-             "--metrics-export-port", str(agent[2]), "--runtime-env-agent-port", str(agent[3])],
+             *node_ports_args(agent[0:4])],
             env, tmp_path / "head.log", sids)
-        _ray_start(
+        ray_start(
             ["--address", f"127.0.0.1:{gcs}", "--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--num-gpus", "0",
-             "--dashboard-agent-listen-port", str(agent[4]), "--dashboard-agent-grpc-port", str(agent[5]),
-             "--metrics-export-port", str(agent[6]), "--runtime-env-agent-port", str(agent[7])],
+             *node_ports_args(agent[4:8])],
             env, tmp_path / "worker.log", sids, attempts=3)
         # the autoscaler's view lags node registration by a few seconds on a busy machine: poll it
         deadline = time.monotonic() + 90
@@ -117,5 +71,5 @@ def test_main_ppo_on_two_ray_nodes_through_ray_job_submit(assets, tmp_path):
         assert metrics[2]["critic/score/mean"] > 0
         assert (run / "ckpt" / "global_step_2" / "actor" / "model_world_size_2_rank_1.pt").exists()
     finally:  # tear both nodes down, bounded: TERM, then KILL what is left after 15 s
-        _kill_sessions(sids)
+        kill_sessions(sids)
     assert not _session_pids(sids)

@@ -70,6 +70,9 @@ def reward_model_config(model_dir):
                                        "fsdp_config": {"model_dtype": "fp32"}}})
 
 
+pytestmark = pytest.mark.own_ray  # starts Ray in this process
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     from verl.utils.embedded import make_model_dir
