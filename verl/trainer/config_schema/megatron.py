@@ -4,6 +4,7 @@ the settings the engine refuses come from ``verl.models.mcore.settings``."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 from omegaconf import OmegaConf
@@ -64,6 +65,9 @@ def check_megatron_config(config, check_files: bool = True) -> None:
         if not actor_megatron:
             raise ConfigError(f"{prefix}.strategy=megatron needs {AR}.actor.strategy=megatron too (the worker "
                               "classes follow the actor's strategy); use the same strategy for both")
+        if importlib.util.find_spec("megatron") is None:
+            raise ConfigError(f"{prefix}.strategy=megatron needs megatron-core, which is not installed: "
+                              f"`pip install .[mcore]` (or megatron-core 0.16), or set {prefix}.strategy=fsdp")
         if int(_get(config, f"{AR}.model.lora_rank", 0) or 0) > 0 and prefix != "critic":
             raise ConfigError(f"{AR}.model.lora_rank > 0 is not available with strategy=megatron; use fsdp for LoRA")
         if _get(config, f"{AR}.model.share_prompt_prefix") is True and prefix != "critic":
