@@ -74,3 +74,8 @@ def start_local_head(env: dict, log: Path, num_cpus: int) -> tuple[str, list[int
                "--num-gpus", "0", "--include-dashboard", "false", "--ray-client-server-port", str(client),
                "--temp-dir", temp, *node_ports_args(agent)], env, log, sids, attempts=2)
     return f"127.0.0.1:{gcs}", sids
+
+
+def ray_was_used(log: str) -> bool:
+    """Whether a run's output shows that it started a Ray instance or joined one (a config error must do neither)."""
+    return "Started a local Ray instance" in log or "Connecting to existing Ray cluster" in log

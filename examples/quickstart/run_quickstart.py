@@ -182,6 +182,9 @@ def main(argv=None) -> None:
     parser.add_argument("--sft_steps", type=int, default=None)
     parser.add_argument("--grpo_steps", type=int, default=None)
     parser.add_argument("--grpo_lr", default=None, help="actor learning rate of the GRPO stage")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="one seed for the model's initial weights, SFT's data order and GRPO's data order, "
+                             "weight init and sampling (default: each stage's own default seed)")
     args = parser.parse_args(argv)
 
     task, sft, grpo = dict(TASK), dict(SFT), dict(GRPO)
@@ -194,6 +197,10 @@ def main(argv=None) -> None:
     if args.grpo_lr:
         grpo["lr"] = args.grpo_lr
     out = os.path.abspath(args.out)
+
+    def seeded(*templates: str) -> list[str]:
+        return [t.format(args.seed) for t in templates] if args.seed is not None else []
+
     data_dir, model_dir = os.path.join(out, "data"), os.path.join(out, "models", args.model_size)
     sft_dir, grpo_dir = os.path.join(out, "sft"), os.path.join(out, "grpo")
     py = sys.executable
@@ -226,7 +233,7 @@ def main(argv=None) -> None:
     # 2. model
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         timings["model"] = run_stage("model", [py, "-m", "verl.utils.embedded.make_model", "--size", args.model_size,
-                                               "--out", model_dir], out, env)
+                                               "--out", model_dir, *seeded("--seed", "{}")], out, env)
     # 3. SFT warm start
     sft_model = os.path.join(sft_dir, f"global_step_{sft['steps']}", "huggingface")
     if not os.path.exists(os.path.join(sft_model, "config.json")):
@@ -239,7 +246,7 @@ def main(argv=None) -> None:
             f"optim.lr={sft['lr']}", "optim.lr_warmup_steps_ratio=0.05",
             f"trainer.total_training_steps={sft['steps']}", f"trainer.test_freq={max(sft['steps'] // 4, 1)}",
             "trainer.logger=[console]", f"trainer.default_local_dir={sft_dir}",
-            "trainer.project_name=quickstart", "trainer.experiment_name=arith_sft",
+            "trainer.project_name=quickstart", "trainer.experiment_name=arith_sft", *seeded("trainer.seed={}"),
         # OMP_NUM_THREADS=1: 128-wide matmuls are as fast on one thread, and robust to a busy machine
         ], out, dict(env, OMP_NUM_THREADS="1"), steps=sft["steps"], shown=SFT_SHOWN, phases=SFT_PHASES)
     log(f"SFT model: {sft_model}")
@@ -280,6 +287,7 @@ def main(argv=None) -> None:
         f"trainer.total_training_steps={grpo['steps']}", "trainer.total_epochs=1000",
         f"trainer.default_local_dir={grpo_dir}/ckpt", "trainer.project_name=quickstart",
         "trainer.experiment_name=arith_grpo",
+        *seeded("data.seed={}", "actor_rollout_ref.actor.fsdp_config.seed={}", "+actor_rollout_ref.rollout.seed={}"),
     ], out, grpo_env, steps=grpo["steps"], shown=GRPO_SHOWN, phases=GRPO_PHASES)
 
     # 5. report

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from ray_nodes import ray_was_used
 from recipe_runs import run_recipe  # tests/recipe is on sys.path (pytest rootdir-less import mode)
 
 pytestmark = pytest.mark.e2e
@@ -104,4 +105,4 @@ def test_bad_config_exits_2_before_ray(assets, tmp_path, module, override, messa
                                                      "data.gen_batch_size"))]
     _, log = run_recipe(module, tmp_path / "run", args, expect_rc=2)
     assert "Config error" in log and message in log, log[-2000:]
-    assert "Started a local Ray instance" not in log and not (tmp_path / "ckpt").exists()
+    assert not ray_was_used(log) and not (tmp_path / "ckpt").exists()

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import validate_ppo_config
-from verl.utils.config import ConfigError, check_overrides, suggest_keys
+from verl.utils.config import ConfigError, check_overrides, flatten_keys as flat, suggest_keys
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = str(REPO / "verl" / "trainer" / "config")
@@ -128,6 +128,22 @@ def test_override_key_suggestions():
     warnings = check_overrides(base, ["+trainer.my_recipe_flag=1"])
     assert len(warnings) == 1 and "my_recipe_flag" in warnings[0]
     assert suggest_keys("critic.optim.lrr", ["critic.optim.lr", "critic.optim.betas"]) == ["critic.optim.lr"]
+
+
+def test_optional_schema_keys_can_be_added():
+    """Keys the schema declares but the yaml does not carry (``rollout.seed``, ``rollout.num_threads``) are added
+    with '+' like in verl; near-misses of them are still refused, and the value is checked with the config."""
+    from verl.trainer.main_ppo import schema_keys
+
+    base = composed([])
+    known = schema_keys()
+    assert "actor_rollout_ref.rollout.seed" in known and "actor_rollout_ref.rollout.seed" not in flat(base)
+    assert check_overrides(base, ["+actor_rollout_ref.rollout.seed=3", "+actor_rollout_ref.rollout.num_threads=1"],
+                           known=known) == []
+    with pytest.raises(ConfigError, match="unknown config key 'actor_rollout_ref.rollout.sed'"):
+        check_overrides(base, ["+actor_rollout_ref.rollout.sed=3"], known=known)
+    with pytest.raises(ConfigError, match="unknown config key 'actor_rollout_ref.rollout.seed'"):
+        check_overrides(base, ["+actor_rollout_ref.rollout.seed=3"])  # without the schema's keys: a near-miss
 
 
 def test_every_bad_override_is_named_at_once():

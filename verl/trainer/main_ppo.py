@@ -304,6 +304,15 @@ def _split_cli(argv: list[str]) -> tuple[str, str, list[str]]:
     return config_dir, config_name, overrides
 
 
+def schema_keys() -> list[str]:
+    """Every key the trainer's schema declares, including the optional ones its yaml does not carry (added with
+    ``+key=value``, e.g. ``+actor_rollout_ref.rollout.seed=1``)."""
+    from verl.trainer.config_schema.ppo import PPOTrainerConfig
+    from verl.trainer.config_schema.spec import specs
+
+    return list(specs(PPOTrainerConfig))
+
+
 def precheck_cli(argv: list[str]) -> None:
     """Check overrides and compose the config before Hydra does: our messages, exit code 2, nothing written."""
     config_dir, config_name, overrides = _split_cli(argv)
@@ -319,7 +328,7 @@ def precheck_cli(argv: list[str]) -> None:
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             base = compose(config_name=config_name)
-            for warning in check_overrides(base, checked):
+            for warning in check_overrides(base, checked, known=schema_keys() if config_dir == CONFIG_DIR else ()):
                 print(warning, file=sys.stderr)
             try:
                 compose(config_name=config_name, overrides=user_overrides)

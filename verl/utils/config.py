@@ -216,7 +216,7 @@ def _free_form_paths(cfg: DictConfig) -> list[str]:
     return [k for k in flatten_keys(cfg) if _is_free_form(OmegaConf.select(cfg, k, default=None))]
 
 
-def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
+def check_overrides(base_cfg: DictConfig, overrides: list[str], known: Iterable[str] = ()) -> list[str]:
     """Check Hydra overrides against the keys of ``base_cfg``; raise one ConfigError naming every bad one (a
     ported command line with several keys we do not know shows them all at once).
 
@@ -225,6 +225,8 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
       ``actor_rollout_ref.model.override_config``); elsewhere a new key that is a near-miss of an existing key
       is refused as a probable typo, and any other new key is allowed with a warning (recipes add their own).
       ``+key=value`` on an existing key follows Hydra: accepted when the key is null or the value a list/dict.
+      ``known``: keys the caller's schema declares although the yaml does not carry them (optional keys); adding
+      one of those is fine (its value is checked with the rest of the config).
     - ``~key``: the key must exist.
     Hydra's own overrides (``hydra.*``, ``hydra/...``) and config-group selections are skipped.
     Returns warnings (strings) for the caller to print.
@@ -235,11 +237,12 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
         raise ConfigError(f"cannot parse command-line override: {e}") from None
 
     all_keys = flatten_keys(base_cfg)
+    known = set(known)
     warnings: list[str] = []
     problems: list[str] = []
     for ov in parsed:
         try:
-            warning = _check_override(ov, base_cfg, all_keys)
+            warning = _check_override(ov, base_cfg, all_keys, known)
         except ConfigError as err:
             problems.append(str(err))
             continue
@@ -253,7 +256,7 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str]) -> list[str]:
     return warnings
 
 
-def _check_override(ov, base_cfg: DictConfig, all_keys: list[str]) -> str | None:
+def _check_override(ov, base_cfg: DictConfig, all_keys: list[str], known: set = frozenset()) -> str | None:
     """None when the parsed override ``ov`` is fine, a warning for a new key outside free-form sections; raises
     ConfigError when it is not accepted."""
     key = ov.key_or_group
@@ -276,7 +279,7 @@ def _check_override(ov, base_cfg: DictConfig, all_keys: list[str]) -> str | None
             raise ConfigError(
                 f"'{key}' already exists in the config; set it without the '+': {ov.input_line.lstrip('+')}")
         return None
-    if _inside_free_form(base_cfg, parts[:depth]):
+    if _inside_free_form(base_cfg, parts[:depth]) or key in known:
         return None
     close = suggest_keys(key, all_keys, cutoff=0.8)
     if close:
