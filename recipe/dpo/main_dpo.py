@@ -6,6 +6,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.dpo.dpo_trainer import DPOTrainer
+from verl.trainer.check_config import check_config_if_asked
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 
 
@@ -16,4 +17,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
+    check_config_if_asked(__file__, "dpo_trainer", DPOTrainer)  # --check-config: check, print, exit 0 / 2
     main()

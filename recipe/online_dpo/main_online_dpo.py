@@ -18,6 +18,7 @@ import time
 import hydra
 from omegaconf import DictConfig
 
+from verl.trainer.check_config import check_config_if_asked
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import (PAIRINGS, OnlinePreferenceDriver, check_sampling, make_pairs,
                                             train_prefixed)
@@ -84,4 +85,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
+    check_config_if_asked(__file__, "online_dpo_trainer", OnlineDPOTrainer)  # --check-config: check, print, exit 0 / 2
     main()

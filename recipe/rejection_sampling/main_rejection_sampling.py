@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import load_reward_manager
+from verl.trainer.check_config import check_config_if_asked
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.prompt_sampling import (PromptSource, greedy_validation, sample_responses,
                                                     sequence_scores)
@@ -156,4 +157,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
+    check_config_if_asked(__file__, "rejection_sampling_trainer", RejectionSamplingTrainer)  # --check-config: check, print, exit 0 / 2
     main()

@@ -5,6 +5,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.reward_model.rm_trainer import RewardModelTrainer
+from verl.trainer.check_config import check_config_if_asked
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 
 
@@ -15,4 +16,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
+    check_config_if_asked(__file__, "reward_model_trainer", RewardModelTrainer)  # --check-config: check, print, exit 0 / 2
     main()

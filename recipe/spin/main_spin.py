@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.preference.dataset import ResponseDataset
+from verl.trainer.check_config import check_config_if_asked
 from verl.trainer.preference.driver import batch_indices, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import OnlinePreferenceDriver, check_sampling, train_prefixed
 from verl.trainer.preference.pairs import REF_KEY, PairwisePreferenceLoss
@@ -116,4 +117,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
+    check_config_if_asked(__file__, "spin_trainer", SPINTrainer)  # --check-config: check, print, exit 0 / 2
     main()

@@ -21,6 +21,7 @@ import hydra
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.check_config import check_config_if_asked
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import (TRAIN_KEYS, WIN_RATE_KINDS, OnlinePreferenceDriver, SPPOLoss,
                                             check_sampling, train_prefixed, win_probabilities)
@@ -86,4 +87,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
+    check_config_if_asked(__file__, "sppo_trainer", SPPOTrainer)  # --check-config: check, print, exit 0 / 2
     main()

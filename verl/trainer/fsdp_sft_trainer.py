@@ -45,6 +45,7 @@ What it does, and the key that controls each part:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -62,7 +63,8 @@ from transformers import AutoTokenizer
 
 from verl.protocol import DataProto
 from verl.single_controller.base.worker import get_free_port
-from verl.trainer.sft.config import SFTPlan, validate_sft_config
+from verl.trainer.check_config import CHECK_FLAG, compose_cli, split_cli
+from verl.trainer.sft.config import SFTPlan, check_sequence_parallel_model, validate_sft_config
 from verl.utils.checkpoint.hf_export import HF_SUBDIR, latest_step, mark_latest, prune_checkpoints, step_dir
 from verl.utils.config import ConfigError, check_overrides
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
@@ -130,11 +132,17 @@ def sft_batch(batch: dict) -> DataProto:
 
     ``loss_mask[t] = 1`` means token ``t`` is a response token (the datasets' convention), so the loss of
     predicting ``input_ids[:, 1:]`` from the logits at ``[:, :-1]`` is weighted by ``loss_mask[:, 1:]``.
+    The columns after the last one that holds a valid token in some row are padding in every row: they are cut
+    (a causal model's outputs on the earlier columns do not depend on them, so the loss is the same).
     """
-    input_ids = batch["input_ids"]
+    attention_mask = batch["attention_mask"]
+    used = attention_mask.bool().any(0).nonzero()
+    width = max(int(used.max()) + 1 if used.numel() else 0, 2)  # at least one prediction per row
+    cut = {k: batch[k][:, :width] for k in ("input_ids", "attention_mask", "position_ids", "loss_mask")}
+    input_ids = cut["input_ids"]
     return DataProto.from_dict({
-        "input_ids": input_ids, "attention_mask": batch["attention_mask"], "position_ids": batch["position_ids"],
-        "responses": input_ids[:, 1:], "response_mask": batch["loss_mask"][:, 1:].to(torch.float32),
+        "input_ids": input_ids, "attention_mask": cut["attention_mask"], "position_ids": cut["position_ids"],
+        "responses": input_ids[:, 1:], "response_mask": cut["loss_mask"][:, 1:].to(torch.float32),
     })
 
 
@@ -146,11 +154,13 @@ def sft_loss(outputs: dict, micro, ctx) -> tuple[torch.Tensor, dict]:
     return loss_sum / mask.sum().clamp(min=1.0), {"sft/loss_sum": loss_sum}
 
 
-def _all_reduce_sum(*values: float | torch.Tensor) -> list[float]:
+def _all_reduce_sum(*values: float | torch.Tensor, group=None) -> list[float]:
+    """Sums over ``group`` (default: all processes). With sequence parallelism the ranks of one group hold the
+    same rows, so totals over rows are summed over the data-parallel group only."""
     t = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        t = t.to(collective_device())
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        t = t.to(collective_device(group))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t.cpu().tolist()
 
 
@@ -166,6 +176,8 @@ class FSDPSFTTrainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.plan = plan or validate_sft_config(config, self.world_size, device=os.environ.get("VERL_DEVICE", "cpu"))
+        # ulysses_sequence_parallel_size: ranks [g*sp, (g+1)*sp) work on the same rows (data-parallel group g)
+        self.dp_rank, self.dp_size = self.rank // self.plan.sp_size, self.plan.dp_size
         self.device = get_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self._build_dataloader()
@@ -180,7 +192,7 @@ class FSDPSFTTrainer:
                 f"({len(self.train_dataset)} rows in data.train_files): lower data.train_batch_size"
             )
         self.train_sampler = DistributedSampler(
-            self.train_dataset, num_replicas=self.world_size, rank=self.rank, shuffle=True,
+            self.train_dataset, num_replicas=self.dp_size, rank=self.dp_rank, shuffle=True,
             seed=int(self.config.trainer.seed), drop_last=True,
         )
         self.train_dataloader = DataLoader(
@@ -193,14 +205,16 @@ class FSDPSFTTrainer:
         if self.rank == 0:
             print(f"SFT: {len(self.train_dataset)} train rows, {self.steps_per_epoch} steps/epoch, "
                   f"{self.total_steps} steps, {self.world_size} process(es) x {plan.grad_accum_steps} micro-batches "
-                  f"of {plan.micro_batch_size_per_rank}", flush=True)
+                  f"of {plan.micro_batch_size_per_rank}"
+                  + (f" (sequence parallel: {self.dp_size} groups of {plan.sp_size})" if plan.sp_size > 1 else ""),
+                  flush=True)
 
     def _val_batches(self):
-        """This rank's share of the validation rows (i::world), padded to equal counts with weight-0 rows, so
-        every rank runs the same number of forward passes (FSDP collectives) and no row counts twice."""
+        """This data-parallel group's share of the validation rows (g::groups), padded to equal counts with weight-0
+        rows, so every rank runs the same number of forward passes (FSDP collectives) and no row counts twice."""
         n = len(self.val_dataset)
-        per_rank = math.ceil(n / self.world_size)
-        idx = list(range(self.rank, n, self.world_size))
+        per_rank = math.ceil(n / self.dp_size)
+        idx = list(range(self.dp_rank, n, self.dp_size))
         weights = [1] * len(idx) + [0] * (per_rank - len(idx))
         idx += [0] * (per_rank - len(idx))
         mbs = self.plan.micro_batch_size_per_rank
@@ -216,9 +230,13 @@ class FSDPSFTTrainer:
         cfg = self.config.model
         import_external_libs(cfg.get("external_lib", None))
         local_path = copy_to_local(cfg.partial_pretrain, use_shm=bool(cfg.get("use_shm", False)))
-        engine_config = sft_engine_config(self.config, local_path, self.total_steps)
+        engine_config = dataclasses.replace(
+            sft_engine_config(self.config, local_path, self.total_steps),
+            use_remove_padding=bool(self.config.get("use_remove_padding", False)),
+            ulysses_sequence_parallel_size=self.plan.sp_size)
         self.engine = get_engine_cls(engine_config.strategy).build(engine_config, self.device_mesh,
                                                                   tokenizer=self.tokenizer)
+        self.dp_group = getattr(self.engine, "dp_group", None)
         if self.rank == 0:
             print_model_size(self.engine.module)
 
@@ -229,7 +247,7 @@ class FSDPSFTTrainer:
     def training_step(self, batch: dict) -> dict:
         """One optimizer step over this rank's share of the global batch; returns metrics (same on every rank)."""
         data = sft_batch(batch)
-        (global_tokens,) = _all_reduce_sum(data.batch["response_mask"].sum())
+        (global_tokens,) = _all_reduce_sum(data.batch["response_mask"].sum(), group=self.dp_group)
         if global_tokens == 0:
             raise RuntimeError("this batch has no response tokens: check data.response_key / data.max_length / truncation")
         spec = TrainSpec(mini_batch_size=len(data), micro=MicroBatchSpec(self.plan.micro_batch_size_per_rank),
@@ -237,7 +255,7 @@ class FSDPSFTTrainer:
                          grad_norm_key="train/grad_norm")
         metrics = self.engine.train_batch(data, sft_loss, spec)
         lr = self.engine.lr_scheduler_step()
-        (total_loss,) = _all_reduce_sum(sum(metrics["sft/loss_sum"]))
+        (total_loss,) = _all_reduce_sum(sum(metrics["sft/loss_sum"]), group=self.dp_group)
         return {"train/loss": total_loss / global_tokens, "train/lr(1e-3)": lr * 1e3,
                 "train/grad_norm": metrics["train/grad_norm"][0]}
 
@@ -253,7 +271,7 @@ class FSDPSFTTrainer:
             mask = data.batch["response_mask"].to(log_probs.dtype)
             loss_sum -= float((log_probs * mask).sum())
             tokens += float(mask.sum())
-        loss_sum, tokens = _all_reduce_sum(loss_sum, tokens)
+        loss_sum, tokens = _all_reduce_sum(loss_sum, tokens, group=self.dp_group)
         return loss_sum / max(tokens, 1.0)
 
     # ---------------------------------------------------------------- checkpoints
@@ -351,20 +369,27 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, chat_template: st
     return tokenizer
 
 
-def run_sft(config: DictConfig) -> dict:
-    """Validate, set up the process group, build datasets and train. Returns the last metrics."""
+def preflight(config: DictConfig, world_size: int) -> tuple[str, SFTPlan, str]:
+    """Every check before anything starts (what ``--check-config`` runs): the device, the schema and batch
+    arithmetic, the input files, the model directory and its heads for sequence parallelism. Returns
+    ``(device, plan, local model path)``; raises ConfigError naming the key."""
     try:
         device = resolve_device(config.trainer.get("device", "auto"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    os.environ["VERL_DEVICE"] = device  # every device question in this process follows trainer.device
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
     plan = validate_sft_config(config, world_size, device)
     try:
         model_path = check_model_dir(copy_to_local(config.model.partial_pretrain))
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"model.partial_pretrain: {e}") from None
+    check_sequence_parallel_model(config, model_path)
+    return device, plan, model_path
 
+
+def run_sft(config: DictConfig) -> dict:
+    """Validate, set up the process group, build datasets and train. Returns the last metrics."""
+    device, plan, model_path = preflight(config, int(os.environ.get("WORLD_SIZE", 1)))
+    os.environ["VERL_DEVICE"] = device  # every device question in this process follows trainer.device
     if device == "cpu":
         _set_cpu_threads()
     local_rank, rank, world_size = initialize_global_process_group(device)
@@ -392,21 +417,43 @@ def main(config: DictConfig) -> None:
         sys.exit(EXIT_CONFIG_ERROR)
 
 
-def _precheck_cli(argv: list[str]) -> None:
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+_CHOICE_FLAGS = ("--config-name", "-cn", "--config-path", "-cp")
+
+
+def _precheck_cli(argv: list[str], config_name: str = "sft_trainer") -> None:
     """Unknown / misspelled keys fail with a "did you mean" hint before Hydra composes the config."""
-    if any(a.startswith("-") for a in argv):  # --help, --cfg, -cn ...: leave to Hydra
-        return
-    overrides = [a for a in argv if not a.lstrip("+~").startswith("hydra")]
-    config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+    if any(a.startswith("-") and a.partition("=")[0] not in _CHOICE_FLAGS for a in argv):
+        return  # --help, --cfg ...: leave to Hydra
+    config_dir, config_name, overrides = split_cli(argv, CONFIG_DIR, config_name)
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
-            for warning in check_overrides(compose(config_name="sft_trainer"), overrides):
+            for warning in check_overrides(compose(config_name=config_name), overrides):
                 print(warning, file=sys.stderr)
     except ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
 
 
+def check_config_cli(argv: list[str]) -> None:
+    """``python -m verl.trainer.fsdp_sft_trainer --check-config key=value ...``: the command-line check, the
+    composition and every check ``run_sft`` makes before it starts the process group (:func:`preflight`), then
+    ``config ok`` and exit 0, or the ``Config error:`` line and exit 2. Loads no model, writes nothing.
+
+    The number of processes is torchrun's (``WORLD_SIZE``): run the check under the same torchrun command as the
+    training (or set ``WORLD_SIZE=N``); a plain ``python -m`` checks one process."""
+    _precheck_cli(argv)
+    try:
+        preflight(compose_cli(argv, CONFIG_DIR, "sft_trainer"), int(os.environ.get("WORLD_SIZE", 1)))
+    except ConfigError as e:
+        print(f"Config error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    print("config ok", flush=True)
+    sys.exit(0)
+
+
 if __name__ == "__main__":
+    if CHECK_FLAG in sys.argv[1:]:
+        check_config_cli([a for a in sys.argv[1:] if a != CHECK_FLAG])
     _precheck_cli(sys.argv[1:])
     main()

@@ -159,10 +159,10 @@ class SFTTrainerConfig(Section):
     data: SFTData = section(SFTData)
     model: SFTModel = section(SFTModel)
     optim: SFTOptim = section(SFTOptim)
-    ulysses_sequence_parallel_size: int = key(1, "Ulysses group size", ge=1,
-                                              unsupported="Ulysses sequence parallel is not supported by this SFT "
-                                                          "trainer; set ulysses_sequence_parallel_size=1")
-    use_remove_padding: bool = key(False, "pack sequences without padding",
-                                   unsupported="the engine always trims padding here (the loss is the same as padded); "
-                                               "remove the override")
+    ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence parallel: ranks that split one packed sequence "
+                                              "(divides the number of processes and the model's heads; needs "
+                                              "use_remove_padding=True)", ge=1, read_in=(SFT, SFT_CHECKS, ENGINE))
+    use_remove_padding: bool = key(False, "pack each micro-batch's rows without padding (true) or keep them as "
+                                   "rows (false; trailing padding columns are cut either way: same loss)",
+                                   read_in=(SFT, SFT_CHECKS, ENGINE))
     trainer: SFTTrainerSection = section(SFTTrainerSection)

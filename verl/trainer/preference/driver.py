@@ -241,19 +241,24 @@ def _rollout_layout_defaults(config: DictConfig) -> None:
                            workers=workers, model_path=None)
 
 
-def run_recipe(config: DictConfig, driver_cls) -> dict:
-    """Resolve ``config``, load the tokenizer, build ``driver_cls(config, tokenizer)`` (config and data errors:
-    one ``Config error:`` line on stderr, exit code 2, nothing started or written), then start the workers and
-    train. Returns the last step's metrics."""
+def build_recipe_driver(config: DictConfig, driver_cls):
+    """Resolve ``config``, load the tokenizer and build ``driver_cls(config, tokenizer)``: every check a recipe
+    makes before it starts anything (config and data errors: one ``Config error:`` line on stderr, exit code 2,
+    nothing started or written). ``--check-config`` runs exactly this."""
     OmegaConf.resolve(config)
     model = config.actor_rollout_ref.model
     try:
         path = check_model_dir(str(model.get("tokenizer_path") or model.path))
         tokenizer = load_tokenizer(path, bool(model.get("trust_remote_code", False)))
-        driver = driver_cls(config, tokenizer)
+        return driver_cls(config, tokenizer)
     except (ConfigError, PreferenceDataError, FileNotFoundError, ValueError) as e:
         print(f"Config error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
+
+
+def run_recipe(config: DictConfig, driver_cls) -> dict:
+    """:func:`build_recipe_driver`, then start the workers and train. Returns the last step's metrics."""
+    driver = build_recipe_driver(config, driver_cls)
     started_ray = not ray.is_initialized()
     driver.init_workers()
     try:

@@ -16,8 +16,9 @@ from verl.trainer.config_schema.sft import SFTTrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, check_value, specs
 from verl.utils.config import ConfigError
 from verl.utils.tracking import check_backend_packages
+from verl.utils.ulysses import _model_heads, check_ulysses_size
 
-__all__ = ["SFTPlan", "validate_sft_config", "typed_sft_config", "as_list"]
+__all__ = ["SFTPlan", "validate_sft_config", "check_sequence_parallel_model", "typed_sft_config", "as_list"]
 
 _LAUNCHER_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node")
 
@@ -29,6 +30,8 @@ class SFTPlan:
     device: str
     world_size: int
     global_batch_size: int  # data.train_batch_size
+    sp_size: int  # ulysses_sequence_parallel_size: ranks that work on the same rows
+    dp_size: int  # world_size // sp_size: groups that each take a share of the rows
     batch_size_per_rank: int
     micro_batch_size_per_rank: int
     grad_accum_steps: int
@@ -81,6 +84,31 @@ def _check_launcher_keys(config: DictConfig, world_size: int) -> None:
                           "torchrun --nnodes/--nproc_per_node, so match it or leave both keys at their defaults")
 
 
+def _check_sequence_parallel(config: DictConfig, world_size: int) -> int:
+    """``ulysses_sequence_parallel_size``: divides the number of processes, and packs (``use_remove_padding``)."""
+    sp_size = int(config.get("ulysses_sequence_parallel_size", 1) or 1)
+    if sp_size == 1:
+        return 1
+    if world_size % sp_size:
+        raise ConfigError(f"ulysses_sequence_parallel_size={sp_size} must divide the number of processes "
+                          f"({world_size}, from torchrun --nproc_per_node x --nnodes); use a divisor of {world_size}")
+    if not config.get("use_remove_padding", False):
+        raise ConfigError(f"ulysses_sequence_parallel_size={sp_size} needs use_remove_padding=true: the packed "
+                          "sequence (rows without padding) is what is split across the ranks")
+    return sp_size
+
+
+def check_sequence_parallel_model(config: DictConfig, model_path: str) -> None:
+    """``ulysses_sequence_parallel_size`` must divide the model's attention and key/value heads."""
+    sp_size = int(config.get("ulysses_sequence_parallel_size", 1) or 1)
+    if sp_size > 1:
+        heads, kv_heads = _model_heads(model_path)
+        try:
+            check_ulysses_size(sp_size, sp_size, heads, kv_heads, key="ulysses_sequence_parallel_size")
+        except ValueError as e:
+            raise ConfigError(f"{e} (model.partial_pretrain={config.model.partial_pretrain})") from None
+
+
 def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFTPlan:
     """Check every key against the schema, the batch arithmetic and input files; return the derived :class:`SFTPlan`."""
     data, trainer = config.data, config.trainer
@@ -90,26 +118,28 @@ def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFT
     if trainer.resume_mode == "resume_path" and not trainer.get("resume_from_path"):
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir of global_step_N>")
 
+    sp_size = _check_sequence_parallel(config, world_size)
+    dp_size = world_size // sp_size
+    groups = (f"the number of data-parallel groups ({world_size} processes / ulysses_sequence_parallel_size={sp_size}"
+              f" = {dp_size})" if sp_size > 1 else f"the number of processes ({world_size})")
     global_bs = int(data.train_batch_size)
-    if global_bs < 1 or global_bs % world_size != 0:
-        raise ConfigError(
-            f"data.train_batch_size={global_bs} must be a positive multiple of the number of processes ({world_size})"
-        )
-    per_rank = global_bs // world_size
+    if global_bs < 1 or global_bs % dp_size != 0:
+        raise ConfigError(f"data.train_batch_size={global_bs} must be a positive multiple of {groups}")
+    per_rank = global_bs // dp_size
     micro = data.get("micro_batch_size_per_gpu")
     if data.get("micro_batch_size") is not None:
-        if int(data.micro_batch_size) % world_size != 0:
+        if int(data.micro_batch_size) % dp_size != 0:
             raise ConfigError(
-                f"data.micro_batch_size={data.micro_batch_size} must be divisible by the number of processes ({world_size}); "
+                f"data.micro_batch_size={data.micro_batch_size} must be divisible by {groups}; "
                 "better: set data.micro_batch_size_per_gpu instead (data.micro_batch_size is deprecated)"
             )
-        micro = int(data.micro_batch_size) // world_size
+        micro = int(data.micro_batch_size) // dp_size
     if micro is None or int(micro) < 1:
         raise ConfigError(f"data.micro_batch_size_per_gpu={micro} must be >= 1")
     micro = int(micro)
     if per_rank % micro != 0:
         raise ConfigError(
-            f"data.train_batch_size per process ({global_bs} / {world_size} = {per_rank}) must be divisible by "
+            f"data.train_batch_size per data-parallel group ({global_bs} / {dp_size} = {per_rank}) must be divisible by "
             f"data.micro_batch_size_per_gpu={micro}; e.g. data.micro_batch_size_per_gpu="
             f"{max(d for d in range(1, micro + 1) if per_rank % d == 0)}"
         )
@@ -122,6 +152,8 @@ def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFT
         device=device,
         world_size=world_size,
         global_batch_size=global_bs,
+        sp_size=sp_size,
+        dp_size=dp_size,
         batch_size_per_rank=per_rank,
         micro_batch_size_per_rank=micro,
         grad_accum_steps=per_rank // micro,
