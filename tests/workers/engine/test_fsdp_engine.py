@@ -187,4 +187,7 @@ def test_engine_config_from_role_sections(tmp_path):
     with pytest.raises(Exception):
         cfg.grad_clip = 1.0  # frozen
     critic = critic_engine_config(OmegaConf.create({"model": {"path": path, "fsdp_config": {}}, "optim": {"lr": 1e-2}}))
-    assert critic.model_kind == "value" and critic.grad_clip is None and critic.seed == 42
+    # keys the sections leave out take the schema's defaults (critic.grad_clip 1.0, fsdp_config.seed 42, compile on)
+    assert critic.model_kind == "value" and critic.grad_clip == 1.0 and critic.seed == 42
+    assert critic.enable_gradient_checkpointing is True and critic.use_torch_compile is True
+    assert critic.optim.lr == 1e-2 and critic.optim.clip_grad == 1.0

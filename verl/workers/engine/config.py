@@ -1,24 +1,32 @@
-"""Typed, frozen engine configuration, built once from a role's section of the Hydra config.
+"""Typed, frozen engine configuration, built once from a role's typed config sections.
 
 ``EngineConfig`` is everything a training engine needs to build a model, its optimizer and LR schedule; the
-``*_engine_config`` functions read verl's keys for each role (actor, reference, critic, reward model) in one
-place, so a worker never reads engine keys itself and never changes its config.
+``*_engine_config`` functions derive it for each role (actor, reference, critic, reward model) in one place, so a
+worker never reads engine keys itself and never changes its config.
+
+They take the role's sections as the typed classes of :mod:`verl.workers.config` (``FSDPActorConfig``,
+``HFModelConfig``, ``FSDPCriticConfig``, ``RewardModelConfig`` ...) or as Hydra/dict sections, which are converted
+once here with :func:`verl.utils.config.omega_conf_to_dataclass`. Every default is the schema's: a key the section
+leaves out gets the value ``docs/config_reference.md`` lists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.utils.chunked_head import DEFAULT_CHUNK_SIZE
-from verl.utils.config import cfg_get
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import FSDPOptimizerConfig, config_class_for
 
-__all__ = ["EngineConfig", "plain", "actor_engine_config", "ref_engine_config", "critic_engine_config",
-           "reward_engine_config", "sft_engine_config", "MODEL_KINDS"]
+__all__ = ["EngineConfig", "plain", "typed_section", "actor_engine_config", "ref_engine_config",
+           "critic_engine_config", "reward_engine_config", "sft_engine_config", "MODEL_KINDS"]
 
 MODEL_KINDS = ("causal_lm", "value", "reward")
+AR = "actor_rollout_ref"
 
 
 def plain(value: Any) -> Any:
@@ -28,14 +36,41 @@ def plain(value: Any) -> Any:
     return value
 
 
+def typed_section(node: Any, path: str) -> Any:
+    """``node`` (a Hydra/dict section, or None for all defaults) as the typed class of its place ``path`` in the
+    PPO config (``verl.workers.config.config_class_for``: ``actor_rollout_ref.actor`` -> ``FSDPActorConfig`` /
+    ``McoreActorConfig`` by its strategy, ``critic``, ``reward_model``, ``actor_rollout_ref.model`` ...). An object
+    that is already typed is returned as it is."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return node
+    return omega_conf_to_dataclass(node, config_class_for(path, node))
+
+
+def _sub(group: Any, name: str) -> Any:
+    """The section ``name`` of a group of sections (``actor_rollout_ref``: a DictConfig, dict or object)."""
+    if isinstance(group, (DictConfig, dict)):
+        return group.get(name)
+    return getattr(group, name, None)
+
+
+def _fields(section: Any) -> dict:
+    """A typed section's keys as a plain dict (nested sections as dicts), for engines that take mappings."""
+    return {f.name: _plain_value(getattr(section, f.name)) for f in dataclasses.fields(section)}
+
+
+def _plain_value(value: Any) -> Any:
+    return _fields(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
 
 @dataclass(frozen=True)
 class EngineConfig:
     """What the engine builds (see ``FSDPEngine.build``).
 
-    ``optim`` None means a frozen, forward-only model (reference policy, reward model). ``fsdp`` holds the
-    sharding keys of ``fsdp_config`` (``dtype`` / ``mixed_precision``, ``reshard_after_forward``,
-    ``offload_policy``, ``wrap_policy``, ``fsdp_size``).
+    ``optim`` None means a frozen, forward-only model (reference policy, reward model); otherwise the role's
+    typed optimizer section (``verl.workers.config.OptimizerConfig``). ``fsdp`` is the role's ``fsdp_config``
+    section (``dtype`` / ``mixed_precision``, ``reshard_after_forward``, ``offload_policy``, ``wrap_policy``,
+    ``fsdp_size``); ``megatron`` the ``<role>.megatron`` keys as a dict. The defaults below are the engine's
+    when it is built by hand (tests, research code); the builders below pass every field from the config.
     """
 
     model_path: str
@@ -51,13 +86,13 @@ class EngineConfig:
     lora_alpha: float = 16
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
-    fsdp: dict = field(default_factory=dict)
+    fsdp: Any = field(default_factory=dict)
     param_offload: bool = False
     optimizer_offload: bool = False
-    optim: dict | None = None
+    optim: Any = None
     total_training_steps: int = -1
     grad_clip: float | None = None
-    checkpoint: dict | None = None
+    checkpoint: Any = None
     seed: int = 42
     megatron: dict = field(default_factory=dict)  # <role>.megatron.* (strategy=megatron: parallel sizes)
     ulysses_sequence_parallel_size: int = 1  # ranks that split one packed sequence (FSDP engine)
@@ -70,7 +105,7 @@ class EngineConfig:
             raise ValueError(f"model_kind={self.model_kind!r} is not one of {MODEL_KINDS}")
 
 
-COMPILE_KEYS = {"actor": "actor_rollout_ref.actor.use_torch_compile", "ref": "actor_rollout_ref.ref.use_torch_compile",
+COMPILE_KEYS = {"actor": f"{AR}.actor.use_torch_compile", "ref": f"{AR}.ref.use_torch_compile",
                 "critic": "critic.model.fsdp_config.use_torch_compile"}
 
 
@@ -79,142 +114,115 @@ def compile_key(name: str) -> str:
     return COMPILE_KEYS.get(name, "use_torch_compile")
 
 
-def _use_torch_compile(role_cfg: Any, fsdp_cfg: Any) -> bool:
-    """``<role>.use_torch_compile`` and ``<role>...fsdp_config.use_torch_compile`` (verl's two keys; either False
-    runs the model eagerly). Absent keys mean eager: the driver resolves verl's default for the host first."""
-    role = cfg_get(role_cfg, "use_torch_compile", None) if role_cfg is not None else None
-    engine = cfg_get(fsdp_cfg, "use_torch_compile", None) if fsdp_cfg is not None else None
-    values = [bool(v) for v in (role, engine) if v is not None]
-    return bool(values) and all(values)
+def _weights(model: Any, fsdp: Any) -> dict:
+    """Where the weights come from and how they are loaded: ``model.path`` / ``override_config`` /
+    ``trust_remote_code`` and the fsdp section's ``model_dtype`` / ``seed`` / offloading."""
+    return dict(model_path=str(model.path), override_config=dict(model.override_config),
+                trust_remote_code=bool(model.trust_remote_code), fsdp=fsdp,
+                model_dtype=str(fsdp.model_dtype), seed=int(fsdp.seed),
+                param_offload=bool(fsdp.param_offload), optimizer_offload=bool(fsdp.optimizer_offload))
 
 
-def _fsdp_section(fsdp_cfg: Any) -> dict:
-    return plain(fsdp_cfg) or {}
+def _grad_clip(role: Any) -> float:
+    """``<role>.grad_clip``, or ``<role>.optim.clip_grad`` when it is null."""
+    return float(role.grad_clip if role.grad_clip is not None else role.optim.clip_grad)
 
 
-def _common(model_cfg: Any, fsdp_cfg: Any, **kwargs) -> dict:
-    fsdp = _fsdp_section(fsdp_cfg)
-    return dict(
-        model_path=str(cfg_get(model_cfg, "path")),
-        model_dtype=str(fsdp.get("model_dtype") or "fp32"),
-        override_config=plain(cfg_get(model_cfg, "override_config")),
-        trust_remote_code=bool(cfg_get(model_cfg, "trust_remote_code", False)),
-        fsdp=fsdp,
-        param_offload=bool(fsdp.get("param_offload", False)),
-        optimizer_offload=bool(fsdp.get("optimizer_offload", False)),
-        seed=int(fsdp.get("seed") if fsdp.get("seed") is not None else 42),
-        **kwargs,
-    )
+def _megatron(role: Any) -> dict:
+    return _fields(role.megatron) if role.megatron is not None else {}
 
 
-def _grad_clip(role_cfg: Any) -> float | None:
-    value = cfg_get(role_cfg, "grad_clip")
-    if value is None:
-        value = cfg_get(role_cfg, "optim.clip_grad")
-    return None if value is None else float(value)
-
-
-def _sp_size(role_cfg: Any, default: int = 1) -> int:
-    """``<role>.ulysses_sequence_parallel_size`` (verl also accepts it under ``fsdp_config``)."""
-    value = cfg_get(role_cfg, "ulysses_sequence_parallel_size")
-    if value is None:
-        value = cfg_get(role_cfg, "fsdp_config.ulysses_sequence_parallel_size", default)
-    return int(value)
-
-
-def _fused_chunk_size(model_cfg: Any, role_cfg: Any = None) -> int:
-    """``<role>.use_fused_kernels`` (else ``model.use_fused_kernels``; ``fused_kernel_options.impl_backend`` torch)
-    -> tokens per chunk of the chunked output layer (0: the plain logits path)."""
-    fused = cfg_get(role_cfg, "use_fused_kernels", None) if role_cfg is not None else None
-    if fused is None:
-        fused = cfg_get(model_cfg, "use_fused_kernels", False)
-    return DEFAULT_CHUNK_SIZE if bool(fused) else 0
+def _fused_chunk_size(fused: bool) -> int:
+    """``use_fused_kernels`` -> tokens per chunk of the chunked output layer (0: the plain logits path)."""
+    return DEFAULT_CHUNK_SIZE if fused else 0
 
 
 def actor_engine_config(arr_cfg: Any) -> EngineConfig:
-    """The trainable policy of ``actor_rollout_ref`` (``model.*`` + ``actor.*``)."""
-    model, actor = cfg_get(arr_cfg, "model"), cfg_get(arr_cfg, "actor")
-    optim = plain(cfg_get(actor, "optim")) or {}
+    """The trainable policy of ``actor_rollout_ref`` (``model`` + ``actor``)."""
+    model = typed_section(_sub(arr_cfg, "model"), f"{AR}.model")
+    actor = typed_section(_sub(arr_cfg, "actor"), f"{AR}.actor")
     return EngineConfig(
-        name="actor", strategy=str(cfg_get(actor, "strategy", "fsdp")), model_kind="causal_lm",
-        enable_gradient_checkpointing=bool(cfg_get(model, "enable_gradient_checkpointing", False)),
-        use_remove_padding=bool(cfg_get(actor, "use_remove_padding", cfg_get(model, "use_remove_padding", False))),
-        lora_rank=int(cfg_get(model, "lora_rank", 0) or 0), lora_alpha=float(cfg_get(model, "lora_alpha", 16)),
-        target_modules=plain(cfg_get(model, "target_modules", "all-linear")),
-        exclude_modules=plain(cfg_get(model, "exclude_modules")),
-        optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
-        grad_clip=_grad_clip(actor), checkpoint=plain(cfg_get(actor, "checkpoint")),
-        megatron=plain(cfg_get(actor, "megatron")) or {},
-        ulysses_sequence_parallel_size=_sp_size(actor),
-        share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
-        fused_chunk_size=_fused_chunk_size(model, actor),
-        use_torch_compile=_use_torch_compile(actor, cfg_get(actor, "fsdp_config")),
-        **_common(model, cfg_get(actor, "fsdp_config")),
+        name="actor", strategy=actor.strategy, model_kind="causal_lm",
+        enable_gradient_checkpointing=model.enable_gradient_checkpointing,
+        use_remove_padding=actor.use_remove_padding,  # the yaml's actor key follows model.use_remove_padding
+        lora_rank=model.lora_rank, lora_alpha=float(model.lora_alpha), target_modules=model.target_modules,
+        exclude_modules=model.exclude_modules,
+        optim=actor.optim, total_training_steps=int(actor.optim.total_training_steps),
+        grad_clip=_grad_clip(actor), checkpoint=actor.checkpoint, megatron=_megatron(actor),
+        ulysses_sequence_parallel_size=actor.ulysses_sequence_parallel_size,
+        share_prompt_prefix=model.share_prompt_prefix,
+        fused_chunk_size=_fused_chunk_size(actor.use_fused_kernels),  # the actor's key follows the model's
+        use_torch_compile=actor.use_torch_compile and actor.fsdp_config.use_torch_compile,
+        **_weights(model, actor.fsdp_config),
     )
 
 
 def ref_engine_config(arr_cfg: Any) -> EngineConfig:
-    """The frozen reference policy: ``model.*`` + ``ref.fsdp_config``; padding handling follows the actor."""
-    model, actor, ref = cfg_get(arr_cfg, "model"), cfg_get(arr_cfg, "actor"), cfg_get(arr_cfg, "ref")
-    remove_padding = cfg_get(ref, "use_remove_padding", cfg_get(actor, "use_remove_padding",
-                                                          cfg_get(model, "use_remove_padding", False)))
-    return EngineConfig(name="ref", strategy=str(cfg_get(ref, "strategy", "fsdp")), model_kind="causal_lm",
-                        use_remove_padding=bool(remove_padding), megatron=plain(cfg_get(ref, "megatron")) or {},
-                        ulysses_sequence_parallel_size=_sp_size(ref, _sp_size(actor)),
-                        share_prompt_prefix=bool(cfg_get(model, "share_prompt_prefix", False)),
-                        fused_chunk_size=_fused_chunk_size(model),
-                        use_torch_compile=_use_torch_compile(ref, cfg_get(ref, "fsdp_config")),
-                        **_common(model, cfg_get(ref, "fsdp_config")))
+    """The frozen reference policy: ``model`` + ``ref`` (its ``fsdp_config``, sizes and compile switch); padding
+    handling follows the actor."""
+    model = typed_section(_sub(arr_cfg, "model"), f"{AR}.model")
+    actor = typed_section(_sub(arr_cfg, "actor"), f"{AR}.actor")
+    ref = typed_section(_sub(arr_cfg, "ref"), f"{AR}.ref")
+    return EngineConfig(name="ref", strategy=ref.strategy, model_kind="causal_lm",
+                        use_remove_padding=actor.use_remove_padding, megatron=_megatron(ref),
+                        ulysses_sequence_parallel_size=ref.ulysses_sequence_parallel_size,
+                        share_prompt_prefix=model.share_prompt_prefix,
+                        fused_chunk_size=_fused_chunk_size(model.use_fused_kernels),
+                        use_torch_compile=ref.use_torch_compile and ref.fsdp_config.use_torch_compile,
+                        **_weights(model, ref.fsdp_config))
 
 
 def critic_engine_config(critic_cfg: Any) -> EngineConfig:
-    """The value model of ``critic`` (``critic.model.*``, ``critic.optim``)."""
-    model = cfg_get(critic_cfg, "model")
-    optim = plain(cfg_get(critic_cfg, "optim")) or {}
-    remove_padding = cfg_get(critic_cfg, "use_remove_padding", cfg_get(model, "use_remove_padding", False))
+    """The value model of ``critic`` (``critic.model``, ``critic.optim``)."""
+    critic = typed_section(critic_cfg, "critic")
+    model = critic.model
     return EngineConfig(
-        name="critic", strategy=str(cfg_get(critic_cfg, "strategy", "fsdp")), model_kind="value",
-        enable_gradient_checkpointing=bool(cfg_get(model, "enable_gradient_checkpointing", False)),
-        use_remove_padding=bool(remove_padding),
-        lora_rank=int(cfg_get(model, "lora_rank", 0) or 0), lora_alpha=float(cfg_get(model, "lora_alpha", 16)),
-        target_modules=plain(cfg_get(model, "target_modules", "all-linear")),
-        optim=optim, total_training_steps=int(optim.get("total_training_steps") or -1),
-        grad_clip=_grad_clip(critic_cfg), checkpoint=plain(cfg_get(critic_cfg, "checkpoint")),
-        megatron=plain(cfg_get(critic_cfg, "megatron")) or {},
-        ulysses_sequence_parallel_size=_sp_size(critic_cfg),
-        use_torch_compile=_use_torch_compile(None, cfg_get(model, "fsdp_config")),
-        **_common(model, cfg_get(model, "fsdp_config")),
+        name="critic", strategy=critic.strategy, model_kind="value",
+        enable_gradient_checkpointing=model.enable_gradient_checkpointing,
+        use_remove_padding=model.use_remove_padding,
+        lora_rank=model.lora_rank, lora_alpha=float(model.lora_alpha), target_modules=model.target_modules,
+        optim=critic.optim, total_training_steps=int(critic.optim.total_training_steps),
+        grad_clip=_grad_clip(critic), checkpoint=critic.checkpoint, megatron=_megatron(critic),
+        ulysses_sequence_parallel_size=critic.ulysses_sequence_parallel_size,
+        use_torch_compile=model.fsdp_config.use_torch_compile,
+        **_weights(model, model.fsdp_config),
     )
 
 
 def reward_engine_config(rm_cfg: Any) -> EngineConfig:
-    """The frozen reward model of ``reward_model`` (a sequence classifier)."""
-    model = cfg_get(rm_cfg, "model")
-    return EngineConfig(name="reward_model", strategy=str(cfg_get(rm_cfg, "strategy", "fsdp")), model_kind="reward",
-                        use_remove_padding=bool(cfg_get(model, "use_remove_padding", False)),
-                        megatron=plain(cfg_get(rm_cfg, "megatron")) or {}, **_common(model, cfg_get(model, "fsdp_config")))
+    """The frozen reward model of ``reward_model`` (a sequence classifier). Its ``fsdp_config`` leaves
+    ``model_dtype`` and ``seed`` null by default: the weights load in fp32 with seed 42."""
+    rm = typed_section(rm_cfg, "reward_model")
+    model, fsdp = rm.model, rm.model.fsdp_config
+    return EngineConfig(name="reward_model", strategy=rm.strategy, model_kind="reward",
+                        use_remove_padding=model.use_remove_padding,
+                        model_path=str(model.path), override_config=dict(model.override_config),
+                        trust_remote_code=bool(model.trust_remote_code), fsdp=fsdp,
+                        model_dtype=str(fsdp.model_dtype or "fp32"),
+                        seed=int(fsdp.seed if fsdp.seed is not None else 42),
+                        param_offload=bool(fsdp.param_offload))
 
 
 def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) -> EngineConfig:
-    """The model of ``sft_trainer.yaml`` (``model.*``, ``optim.*``, ``trainer.seed``/``checkpoint``).
+    """The model of ``sft_trainer.yaml`` (``model.*``, ``optim.*``, ``trainer.seed`` / ``checkpoint``), read as
+    attributes (the composed yaml, or its typed form, carries every key with the schema's default).
 
     Padding is trimmed (``use_remove_padding``): the same loss as the full width, less compute.
     """
-    model, optim = cfg_get(sft_cfg, "model"), cfg_get(sft_cfg, "optim")
-    fsdp = _fsdp_section(cfg_get(model, "fsdp_config"))
-    offload = bool(fsdp.get("cpu_offload", False) or fsdp.get("offload_params", False))
+    model, optim, trainer = sft_cfg.model, sft_cfg.optim, sft_cfg.trainer
+    fsdp = model.fsdp_config
+    offload = bool(fsdp.cpu_offload or fsdp.offload_params)
     return EngineConfig(
-        name="sft", strategy=str(cfg_get(model, "strategy", "fsdp2")), model_kind="causal_lm", model_path=model_path,
-        model_dtype=str(fsdp.get("model_dtype") or "fp32"), trust_remote_code=bool(cfg_get(model, "trust_remote_code", False)),
-        enable_gradient_checkpointing=bool(cfg_get(model, "enable_gradient_checkpointing", False)),
+        name="sft", strategy=str(model.strategy), model_kind="causal_lm", model_path=model_path,
+        model_dtype=str(fsdp.model_dtype), trust_remote_code=bool(model.trust_remote_code),
+        enable_gradient_checkpointing=bool(model.enable_gradient_checkpointing),
         use_remove_padding=True,
-        lora_rank=int(cfg_get(model, "lora_rank", 0) or 0), lora_alpha=float(cfg_get(model, "lora_alpha", 16)),
-        target_modules=plain(cfg_get(model, "target_modules", "all-linear")),
-        fsdp={"offload_policy": offload, **({"dtype": fsdp["dtype"]} if fsdp.get("dtype") else {})},
-        optim={"lr": float(cfg_get(optim, "lr")), "betas": list(plain(cfg_get(optim, "betas", [0.9, 0.95]))),
-               "weight_decay": float(cfg_get(optim, "weight_decay", 0.01)),
-               "lr_warmup_steps_ratio": float(cfg_get(optim, "lr_warmup_steps_ratio", 0.0)),
-               "lr_scheduler_type": str(cfg_get(optim, "lr_scheduler", "cosine"))},
-        total_training_steps=int(total_training_steps), grad_clip=float(cfg_get(optim, "clip_grad", 1.0)),
-        checkpoint=plain(cfg_get(sft_cfg, "trainer.checkpoint")), seed=int(cfg_get(sft_cfg, "trainer.seed", 1)),
+        lora_rank=int(model.lora_rank), lora_alpha=float(model.lora_alpha), target_modules=plain(model.target_modules),
+        fsdp={"offload_policy": offload, **({"dtype": fsdp.dtype} if fsdp.dtype else {})},
+        optim=FSDPOptimizerConfig(lr=float(optim.lr), betas=list(plain(optim.betas)),
+                                  weight_decay=float(optim.weight_decay),
+                                  lr_warmup_steps_ratio=float(optim.lr_warmup_steps_ratio),
+                                  lr_scheduler_type=str(optim.lr_scheduler)),
+        total_training_steps=int(total_training_steps), grad_clip=float(optim.clip_grad),
+        checkpoint=plain(trainer.checkpoint), seed=int(trainer.seed),
     )
