@@ -6,7 +6,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.dpo.dpo_trainer import DPOTrainer
-from verl.trainer.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 
 

@@ -18,7 +18,7 @@ import time
 import hydra
 from omegaconf import DictConfig
 
-from verl.trainer.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import (PAIRINGS, OnlinePreferenceDriver, check_sampling, make_pairs,
                                             train_prefixed)

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import load_reward_manager
-from verl.trainer.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.prompt_sampling import (PromptSource, greedy_validation, sample_responses,
                                                     sequence_scores)

@@ -5,7 +5,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.reward_model.rm_trainer import RewardModelTrainer
-from verl.trainer.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 
 

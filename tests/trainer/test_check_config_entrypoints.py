@@ -61,7 +61,7 @@ ENTRY_POINTS = {
     "recipe.dpo.main_dpo": (_pref, "dpo.micro_batch_size_per_gpu=3", "dpo.micro_batch_size_per_gpu"),
     "recipe.simpo.main_simpo": (_pref, "simpo.micro_batch_size_per_gpu=3", "simpo.micro_batch_size_per_gpu"),
     "recipe.reward_model.main_reward_model": (_pref, "data.train_batch_size=1000", "data.train_batch_size"),
-    "recipe.spin.main_spin": (_pref, "actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr"),
+    "recipe.spin.main_spin": (_pref, "data.train_batch_size=1000", "data.train_batch_size"),
     "recipe.online_dpo.main_online_dpo": (_rl, "actor_rollout_ref.actor.optim.learning_rate=1",
                                           "actor_rollout_ref.actor.optim.learning_rate"),  # a typo: Hydra refuses it
     "recipe.sppo.main_sppo": (_rl, "data.train_batch_size=1000", "data.train_batch_size"),

@@ -164,7 +164,7 @@ def test_out_of_range_values_name_the_key_and_the_range(assets, override, messag
     ("model.lora_rank=-1", "model.lora_rank=-1 must be an integer >= 0"),
     ("trainer.save_freq=2.5", "trainer.save_freq=2.5 must be an integer >= 1"),
     ("optim.lr_warmup_steps_ratio=1.5", "optim.lr_warmup_steps_ratio=1.5 must be a number in \\[0, 1\\]"),
-    ("use_remove_padding=true", "use_remove_padding=True is not supported"),
+    ("ulysses_sequence_parallel_size=2", "ulysses_sequence_parallel_size=2 must divide the number of processes"),
     ("data.balance_dp_token=true", "data.balance_dp_token=True is not supported"),
     ("trainer.n_gpus_per_node=3", "trainer.n_gpus_per_node=3 disagrees with the launcher"),
 ])

@@ -5,8 +5,9 @@
 prints ``config ok`` and exits 0, or prints the ``Config error: ...`` line(s) and exits 2. It starts no Ray
 cluster and no process group, loads no model weights and writes nothing.
 
-``verl.trainer.main_ppo`` and ``verl.trainer.fsdp_sft_trainer`` have their own ``check_config_cli``; the recipes
-call :func:`check_config_if_asked` first thing in their ``__main__`` block.
+``verl.trainer.main_ppo``, ``verl.trainer.fsdp_sft_trainer`` and ``recipe.dapo.main_dapo`` have their own
+``check_config_cli``; the other recipes call ``verl.trainer.preference.check_config.check_config_if_asked`` first
+thing in their ``__main__`` block.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from omegaconf import DictConfig
 
 from verl.utils.config import ConfigError
 
-__all__ = ["CHECK_FLAG", "EXIT_CONFIG_ERROR", "split_cli", "compose_cli", "check_config_if_asked",
-           "recipe_check_config_cli"]
+__all__ = ["CHECK_FLAG", "EXIT_CONFIG_ERROR", "split_cli", "compose_cli", "config_error_exit"]
 
 CHECK_FLAG = "--check-config"
 EXIT_CONFIG_ERROR = 2
@@ -61,32 +61,6 @@ def compose_cli(argv: list[str], config_dir: str, config_name: str) -> DictConfi
         raise ConfigError(" ".join(lines)) from None
 
 
-def _fail(err: BaseException) -> None:
+def config_error_exit(err: BaseException) -> None:
     print(f"Config error: {err}", file=sys.stderr, flush=True)
     sys.exit(EXIT_CONFIG_ERROR)
-
-
-def recipe_check_config_cli(argv: list[str], config_dir: str, config_name: str, driver_cls) -> None:
-    """A recipe run by ``verl.trainer.preference.driver.run_recipe``: compose, then
-    :func:`~verl.trainer.preference.driver.build_recipe_driver` (config, model directory, tokenizer, data and
-    batch checks of the recipe's driver), then ``config ok`` / exit 0 (errors: exit 2)."""
-    from verl.trainer.preference.driver import build_recipe_driver
-
-    try:
-        config = compose_cli(argv, config_dir, config_name)
-    except ConfigError as e:
-        _fail(e)
-    build_recipe_driver(config, driver_cls)  # prints the Config error line and exits 2 itself
-    print("config ok", flush=True)
-    sys.exit(0)
-
-
-def check_config_if_asked(module_file: str, config_name: str, driver_cls, argv: list[str] | None = None) -> None:
-    """In a recipe's ``__main__``: when ``--check-config`` is on the command line, check it and exit (0 or 2);
-    otherwise return and let the run start. ``module_file``: the recipe module's ``__file__`` (its ``config/``
-    folder holds ``config_name``)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if CHECK_FLAG not in argv:
-        return
-    config_dir = os.path.join(os.path.dirname(os.path.abspath(module_file)), "config")
-    recipe_check_config_cli([a for a in argv if a != CHECK_FLAG], config_dir, config_name, driver_cls)
