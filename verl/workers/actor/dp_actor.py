@@ -1,11 +1,14 @@
 """The PPO actor: the policy loss, handed to a training engine (``verl.workers.engine``).
 
-Features and how to turn them on (keys of ``actor_rollout_ref.actor``; ``ref`` reads the log-prob keys):
+Features and how to turn them on (keys of ``actor_rollout_ref.actor``, read from the typed
+``verl.workers.config.ActorConfig``; a Hydra section or dict is converted once, keys it leaves out take the
+schema's defaults):
 
-- micro-batches: ``ppo_micro_batch_size_per_gpu`` (updates), ``log_prob_micro_batch_size_per_gpu`` or
-  ``data.meta_info["micro_batch_size"]`` (scoring);
-- dynamic batch size: ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``
-  (or ``meta_info["max_token_len"]``): micro-batches packed by token budget, same count on every rank;
+- micro-batches: ``ppo_micro_batch_size_per_gpu`` (updates); scoring takes ``data.meta_info["micro_batch_size"]``
+  (the workers put ``rollout.log_prob_micro_batch_size_per_gpu`` / ``ref.log_prob_micro_batch_size_per_gpu``
+  there), else ``ppo_micro_batch_size_per_gpu``;
+- dynamic batch size: ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu`` (scoring: ``meta_info["use_dynamic_bsz"]``
+  / ``meta_info["max_token_len"]`` first): micro-batches packed by token budget, same count on every rank;
 - remove padding: ``use_remove_padding`` (see ``verl.workers.engine.hf_forward``);
 - policy loss: ``policy_loss.loss_mode`` from the core_algos registry, aggregated by ``loss_agg_mode``;
 - entropy bonus ``entropy_coeff``; KL loss to the reference policy ``use_kl_loss``, ``kl_loss_coef``,
@@ -39,16 +42,25 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.trainer.ppo.rollout_corr import truncated_is_weights
-from verl.utils.config import cfg_get
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.padding import response_mask
 from verl.utils.torch_functional import CHECKPOINT_ENTROPY
 from verl.workers.actor.base import BasePPOActor
+from verl.workers.config import ActorConfig, config_class_for
 from verl.workers.config_utils import PPOBatchSizes
 from verl.workers.engine import FSDPEngine, LossContext, MicroBatchSpec, TrainEngine, TrainSpec
 from verl.workers.engine.hf_forward import forward_log_probs
 
-__all__ = ["DataParallelPPOActor", "forward_log_probs", "PolicyLoss"]
+__all__ = ["DataParallelPPOActor", "forward_log_probs", "PolicyLoss", "typed_actor_config"]
+
+
+def typed_actor_config(config) -> ActorConfig:
+    """``config`` (the ``actor_rollout_ref.actor`` or ``.ref`` section: a Hydra node, a dict or None) as the typed
+    actor config of its strategy (``FSDPActorConfig`` / ``McoreActorConfig``); a typed one is returned as it is."""
+    if isinstance(config, ActorConfig):
+        return config
+    return omega_conf_to_dataclass(config, config_class_for("actor_rollout_ref.actor", config))
 
 
 class PolicyLoss:
@@ -60,16 +72,16 @@ class PolicyLoss:
 
     def __init__(self, cfg, n_rows: int = 0, response_length: int = 0, capture: bool = False,
                  old_from_update: bool = False):
-        self.cfg = cfg
+        self.cfg = cfg = typed_actor_config(cfg)
         self.old_from_update = old_from_update
-        self.loss_agg_mode = cfg_get(cfg, "loss_agg_mode", "token-mean")
-        self.policy_loss_fn = get_policy_loss_fn(cfg_get(cfg, "policy_loss.loss_mode", "vanilla"))
-        self.entropy_coeff = float(cfg_get(cfg, "entropy_coeff", 0.0))
-        self.use_kl_loss = bool(cfg_get(cfg, "use_kl_loss", False))
-        self.kl_coef = float(cfg_get(cfg, "kl_loss_coef", 0.001))
-        self.kl_type = cfg_get(cfg, "kl_loss_type", "low_var_kl")
-        self.tis_cap = float(cfg_get(cfg, "tis_imp_ratio_cap", -1) or -1)
-        self.calc_entropy = self.entropy_coeff != 0 or bool(cfg_get(cfg, "calculate_entropy", False))
+        self.loss_agg_mode = cfg.loss_agg_mode
+        self.policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        self.entropy_coeff = float(cfg.entropy_coeff)
+        self.use_kl_loss = bool(cfg.use_kl_loss)
+        self.kl_coef = float(cfg.kl_loss_coef)
+        self.kl_type = cfg.kl_loss_type
+        self.tis_cap = float(cfg.tis_imp_ratio_cap or -1)  # null or -1: off
+        self.calc_entropy = self.entropy_coeff != 0 or bool(cfg.calculate_entropy)
         self.captured = None
         if capture:
             self.captured = {"on_policy_log_probs": torch.zeros(n_rows, response_length),
@@ -127,14 +139,14 @@ class DataParallelPPOActor(BasePPOActor):
     def __init__(self, config, actor_module: nn.Module | None = None,
                  actor_optimizer: torch.optim.Optimizer | None = None, dp_group=None, *,
                  engine: TrainEngine | None = None, batch_sizes: PPOBatchSizes | None = None):
+        config = typed_actor_config(config)
         super().__init__(config)
         if engine is None:
             if actor_module is None:
                 raise ValueError("DataParallelPPOActor needs an engine or an actor_module")
+            grad_clip = config.grad_clip if config.grad_clip is not None else config.optim.clip_grad
             engine = FSDPEngine(actor_module, actor_optimizer, dp_group=dp_group,
-                                use_remove_padding=bool(cfg_get(config, "use_remove_padding", False)),
-                                grad_clip=cfg_get(config, "grad_clip", cfg_get(config, "optim.clip_grad", None)),
-                                name="actor")
+                                use_remove_padding=config.use_remove_padding, grad_clip=grad_clip, name="actor")
         self.engine = engine
         self.batch_sizes = batch_sizes
         self.last_on_policy: dict | None = None  # bypass mode: see update_policy
@@ -148,14 +160,10 @@ class DataParallelPPOActor(BasePPOActor):
         """(log_probs (B, R), entropys (B, R) or None) under the current weights, no gradients."""
         cfg, meta = self.config, data.meta_info
         use_dynamic_bsz = meta.get("use_dynamic_bsz", None)
-        if use_dynamic_bsz is None:
-            use_dynamic_bsz = cfg_get(cfg, "log_prob_use_dynamic_bsz", cfg_get(cfg, "use_dynamic_bsz", False))
         micro = MicroBatchSpec(
-            micro_batch_size=meta.get("micro_batch_size") or cfg_get(cfg, "log_prob_micro_batch_size_per_gpu", None)
-            or cfg_get(cfg, "ppo_micro_batch_size_per_gpu", None),
-            use_dynamic_bsz=bool(use_dynamic_bsz),
-            max_token_len=meta.get("max_token_len") or cfg_get(cfg, "log_prob_max_token_len_per_gpu", None)
-            or cfg_get(cfg, "ppo_max_token_len_per_gpu", None))
+            micro_batch_size=meta.get("micro_batch_size") or cfg.ppo_micro_batch_size_per_gpu,
+            use_dynamic_bsz=bool(cfg.use_dynamic_bsz if use_dynamic_bsz is None else use_dynamic_bsz),
+            max_token_len=meta.get("max_token_len") or cfg.ppo_max_token_len_per_gpu)
         outputs = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
         out = self.engine.infer(data, outputs, micro, temperature=float(meta.get("temperature", 1.0)))
         return out["log_probs"], out.get("entropy")
@@ -166,21 +174,19 @@ class DataParallelPPOActor(BasePPOActor):
         backward (see ``entropy_for_loss``)."""
         if loss.entropy_coeff == 0:
             return False
-        return CHECKPOINT_ENTROPY if bool(cfg_get(self.config, "entropy_checkpointing", False)) else True
+        return CHECKPOINT_ENTROPY if self.config.entropy_checkpointing else True
 
     def _train_spec(self, n_rows: int, loss: PolicyLoss, temperature: float) -> TrainSpec:
         cfg = self.config
         sizes = self.batch_sizes
-        mini = sizes.mini_batch_size if sizes else int(cfg_get(cfg, "ppo_mini_batch_size", n_rows))
-        micro = sizes.micro_batch_size if sizes else cfg_get(cfg, "ppo_micro_batch_size_per_gpu", None)
+        mini = sizes.mini_batch_size if sizes else int(cfg.ppo_mini_batch_size)
+        micro = sizes.micro_batch_size if sizes else cfg.ppo_micro_batch_size_per_gpu
         if mini <= 0:
             raise ValueError(f"actor.ppo_mini_batch_size must be > 0 (rows per rank), got {mini}")
         return TrainSpec(
             mini_batch_size=mini,
-            micro=MicroBatchSpec(micro, bool(cfg_get(cfg, "use_dynamic_bsz", False)),
-                                 cfg_get(cfg, "ppo_max_token_len_per_gpu", None)),
-            epochs=int(cfg_get(cfg, "ppo_epochs", 1)), shuffle=bool(cfg_get(cfg, "shuffle", False)),
-            seed=int(cfg_get(cfg, "data_loader_seed", 42)),
+            micro=MicroBatchSpec(micro, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu),
+            epochs=int(cfg.ppo_epochs), shuffle=cfg.shuffle, seed=int(cfg.data_loader_seed),
             weight_by="tokens" if loss.loss_agg_mode == "token-mean" else "sequences",
             outputs=loss.outputs, temperature=temperature, entropy_grad=self._entropy_grad(loss),
             grad_norm_key="actor/grad_norm",
@@ -189,7 +195,7 @@ class DataParallelPPOActor(BasePPOActor):
     def update_policy(self, data: DataProto) -> dict:
         """PPO update: ``ppo_epochs`` x mini-batches, each one optimizer step; returns metrics (lists)."""
         data.batch["response_mask"] = response_mask(data)
-        use_kl_loss = bool(cfg_get(self.config, "use_kl_loss", False))
+        use_kl_loss = self.config.use_kl_loss
         old_from_update = bool(data.meta_info.get("old_log_probs_from_update", False))
         keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "advantages"]
         if not old_from_update:
