@@ -27,7 +27,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
 from verl.trainer.config_schema.profiler import PROFILED_ROLES
+from verl.trainer.config_schema.spec import specs
 from verl.trainer.host_defaults import explicit_override_keys, resolve_host_defaults
 from verl.utils.config import ConfigError, check_overrides
 
@@ -307,9 +309,6 @@ def _split_cli(argv: list[str]) -> tuple[str, str, list[str]]:
 def schema_keys() -> list[str]:
     """Every key the trainer's schema declares, including the optional ones its yaml does not carry (added with
     ``+key=value``, e.g. ``+actor_rollout_ref.rollout.seed=1``)."""
-    from verl.trainer.config_schema.ppo import PPOTrainerConfig
-    from verl.trainer.config_schema.spec import specs
-
     return list(specs(PPOTrainerConfig))
 
 
