@@ -116,7 +116,7 @@ def test_wheel_installs_beside_another_torch_and_imports(wheel, fresh_venv, tmp_
     # torch was not replaced: the stand-in is untouched and no torch files were written into the venv
     assert sorted(p.name for p in site.glob("torch*")) == [f"torch-{OTHER_TORCH}.dist-info"]
 
-    probe = ("import importlib.metadata as md, json, verl, verl.protocol, verl.trainer.main_ppo, torch; "
+    probe = ("import importlib.metadata as md, json, verl, verl.protocol, torch; "
              "print(json.dumps({'verl': verl.__file__, 'torch_dist': md.version('torch'), "
              "'verl_dist': md.version('verl'), 'torch_module': torch.__version__}))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
