@@ -42,13 +42,13 @@ from verl.utils.device import get_device_name
 from verl.utils.import_utils import import_user_modules
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
-from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
 from verl.workers.config_utils import (log_prob_micro_size, memory_metrics, per_device_micro_size, ppo_batch_sizes,
                                        read_only_config)
-from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.critic.dp_critic import DataParallelPPOCritic, typed_critic_config
 from verl.workers.engine import (MicroBatchSpec, TrainEngine, get_engine_cls)
 from verl.workers.engine.config import (EngineConfig, actor_engine_config, critic_engine_config,
-                                        ref_engine_config, reward_engine_config)
+                                        ref_engine_config, reward_engine_config, typed_section)
 from verl.workers.rollout import get_rollout_class
 from verl.workers.rollout.engine_group import EngineGroupLeader, follow_engine_leader, new_engine_groups
 from verl.workers.rollout.layout import RolloutLayout, check_rollout_parallel, rollout_layout
@@ -72,8 +72,9 @@ _ROLLOUT_DP = make_nd_compute_dataproto_dispatch_fn("rollout")
 
 
 def _register_sp_dispatch(worker: Worker, mesh: str, role_cfg) -> int:
-    """Declare this rank's dp rank for ``mesh`` from ``<role>.ulysses_sequence_parallel_size``; returns the dp size."""
-    sp = int(cfg_get(role_cfg, "ulysses_sequence_parallel_size", 1) or 1)
+    """Declare this rank's dp rank for ``mesh`` from ``<role>.ulysses_sequence_parallel_size`` (``role_cfg`` is the
+    typed role config); returns the dp size."""
+    sp = int(role_cfg.ulysses_sequence_parallel_size)
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % sp:
         raise ValueError(f"ulysses_sequence_parallel_size={sp} must divide the number of processes ({world})")
@@ -107,7 +108,10 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
-        self._is_lora = int(cfg_get(self.config.get("model"), "lora_rank", 0)) > 0
+        # the typed sections this worker reads (verl.workers.config); the rollout engine gets the rollout section
+        self.model_config = typed_section(self.config.get("model"), "actor_rollout_ref.model")
+        self.actor_config = typed_actor_config(self.config.get("actor"))
+        self._is_lora = self.model_config.lora_rank > 0
         # LoRA: the reference policy is the actor with its adapters switched off (no second model)
         self._ref_in_actor = self._is_lora and self._is_actor
         if self._ref_in_actor:
@@ -115,12 +119,12 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         # profiled steps: the actor's profiler keys govern this worker (a worker without an actor: the rollout's,
         # then the reference's)
         section = "actor" if self._is_actor else "rollout" if self._is_rollout else "ref"
-        DistProfilerExtension.__init__(self, DistProfiler(self.rank, cfg_get(self.config.get(section), "profiler")))
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank, (self.config.get(section) or {}).get("profiler")))
 
         init_distributed()
         prefix = "actor_rollout_ref"
         actor_cfg = self.config.get("actor")
-        self.dp_size = _register_sp_dispatch(self, "actor", actor_cfg)  # ranks that hold different rows
+        self.dp_size = _register_sp_dispatch(self, "actor", self.actor_config)  # ranks that hold different rows
         self.rollout_layout = self._declare_rollout_layout()
         self.rollout_n = int(cfg_get(self.config.get("rollout"), "n", 1))
         self.actor_batch_sizes = None
@@ -157,17 +161,16 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         return layout
 
     def _log_prob_spec(self, section, prefix: str) -> MicroBatchSpec:
-        actor_cfg = self.config.get("actor")
-        dynamic = bool(cfg_get(section, "log_prob_use_dynamic_bsz", cfg_get(actor_cfg, "use_dynamic_bsz", False)))
+        actor = self.actor_config
+        dynamic = bool(cfg_get(section, "log_prob_use_dynamic_bsz", actor.use_dynamic_bsz))
         return MicroBatchSpec(
             micro_batch_size=log_prob_micro_size(section, self.dp_size, prefix, dynamic),
             use_dynamic_bsz=dynamic,
-            max_token_len=int(cfg_get(section, "log_prob_max_token_len_per_gpu",
-                                      cfg_get(actor_cfg, "ppo_max_token_len_per_gpu", 16384))))
+            max_token_len=int(cfg_get(section, "log_prob_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu)))
 
     # ------------------------------------------------------------------------------------ building
     def _model_path(self) -> str:
-        return check_model_dir(cfg_get(self.config.model, "path"))
+        return check_model_dir(self.model_config.path)
 
     def _build_engine(self, engine_config: EngineConfig) -> TrainEngine:
         return get_engine_cls(engine_config.strategy).build(engine_config, self.device_mesh, tokenizer=self.tokenizer)
@@ -176,25 +179,26 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
     def init_model(self):
         """Build, per role: the actor engine (model, optimizer, scheduler, checkpoints), the reference engine,
         the rollout engine and the hybrid-engine sharding manager."""
-        model_cfg = self.config.model
-        import_user_modules(cfg_get(model_cfg, "external_lib", None))  # the user's engines / rollouts register here
-        trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
-        self.tokenizer = load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or self._model_path(), trust)
+        model_cfg = self.model_config
+        import_user_modules(model_cfg.external_lib)  # the user's engines / rollouts register here
+        trust = model_cfg.trust_remote_code
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or self._model_path(), trust)
         self.generation_config = get_generation_config(self._model_path(), trust)
-        actor_cfg = self.config.get("actor")
-        fsdp_size = int(cfg_get(cfg_get(actor_cfg, "fsdp_config"), "fsdp_size", -1))
+        fsdp_size = self.actor_config.fsdp_config.fsdp_size
         self.device_mesh = build_device_mesh(dist.get_world_size(), fsdp_size)  # FSDP shards over every rank
+        sections = {"model": model_cfg, "actor": self.actor_config, "ref": self.config.get("ref")}
 
         if self._is_actor:
-            self.actor_engine = self._build_engine(actor_engine_config(self.config))
-            self.actor = DataParallelPPOActor(config=actor_cfg, engine=self.actor_engine,
+            self.actor_engine = self._build_engine(actor_engine_config(sections))
+            self.actor = DataParallelPPOActor(config=self.actor_config, engine=self.actor_engine,
                                               batch_sizes=self.actor_batch_sizes)
         if self._is_ref:
             if self._ref_in_actor:
                 self.ref_policy = self.actor
             else:
-                self.ref_engine = self._build_engine(ref_engine_config(self.config))
-                self.ref_policy = DataParallelPPOActor(config=self.config.get("ref") or {}, engine=self.ref_engine)
+                ref_cfg = typed_actor_config(self.config.get("ref"))
+                self.ref_engine = self._build_engine(ref_engine_config(dict(sections, ref=ref_cfg)))
+                self.ref_policy = DataParallelPPOActor(config=ref_cfg, engine=self.ref_engine)
         if self._is_rollout:
             self._engine_group = (None, None)
             if self.rollout_layout.tp > 1:
@@ -214,11 +218,11 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         engine = self.actor_engine
         self.rollout = rollout_cls(config=rollout_cfg, model_path=self._model_path(), tokenizer=self.tokenizer,
                                    generation_config=self.generation_config,
-                                   trust_remote_code=bool(cfg_get(self.config.model, "trust_remote_code", False)),
+                                   trust_remote_code=self.model_config.trust_remote_code,
                                    model_hf_config=getattr(engine, "model_config", None),
                                    device_mesh=self.device_mesh, actor_will_push=engine is not None,
                                    device=get_device_name(),
-                                   lora_rank=int(cfg_get(self.config.model, "lora_rank", 0) or 0))
+                                   lora_rank=self.model_config.lora_rank)
         layout = self.rollout_layout
         # what the engine itself runs (engines without tensor parallelism report nothing: one rank)
         engine_tp = int(getattr(self.rollout, "tensor_parallel_size", 1))
@@ -425,33 +429,32 @@ class CriticWorker(Worker, DistProfilerExtension):
     def __init__(self, config, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
-        DistProfilerExtension.__init__(self, DistProfiler(self.rank, cfg_get(self.config, "profiler")))
+        self.critic_config = critic = typed_critic_config(self.config)
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank, self.config.get("profiler")))
         init_distributed()
-        self.dp_size = _register_sp_dispatch(self, "critic", self.config)
-        rollout_n = int(cfg_get(self.config, "rollout_n", 1))
-        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=rollout_n, dp_size=self.dp_size, prefix="critic")
+        self.dp_size = _register_sp_dispatch(self, "critic", critic)
+        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=critic.rollout_n, dp_size=self.dp_size,
+                                           prefix="critic")
         forward_micro = per_device_micro_size(self.config, "forward_micro_batch_size",
                                               "forward_micro_batch_size_per_gpu", self.dp_size, "critic")
         self.forward_micro = MicroBatchSpec(
             micro_batch_size=forward_micro if forward_micro is not None else self.batch_sizes.micro_batch_size,
-            use_dynamic_bsz=bool(cfg_get(self.config, "use_dynamic_bsz", False)),
-            max_token_len=int(cfg_get(self.config, "forward_max_token_len_per_gpu",
-                                      cfg_get(self.config, "ppo_max_token_len_per_gpu", 32768))))
+            use_dynamic_bsz=critic.use_dynamic_bsz, max_token_len=critic.forward_max_token_len_per_gpu)
         self.engine: TrainEngine | None = None
         self.critic = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        model_cfg = self.config.model
-        import_user_modules(cfg_get(model_cfg, "external_lib", None))  # the user's engines register here
-        engine_config = critic_engine_config(self.config)
-        trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
-        self.tokenizer = load_tokenizer(cfg_get(model_cfg, "tokenizer_path", None) or engine_config.model_path, trust)
-        fsdp_size = int(cfg_get(cfg_get(model_cfg, "fsdp_config"), "fsdp_size", -1))
-        self.device_mesh = build_device_mesh(dist.get_world_size(), fsdp_size)
+        model_cfg = self.critic_config.model
+        import_user_modules(model_cfg.external_lib)  # the user's engines register here
+        engine_config = critic_engine_config(self.critic_config)
+        trust = model_cfg.trust_remote_code
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or engine_config.model_path, trust)
+        self.device_mesh = build_device_mesh(dist.get_world_size(), model_cfg.fsdp_config.fsdp_size)
         self.engine = get_engine_cls(engine_config.strategy).build(engine_config, self.device_mesh,
                                                                   tokenizer=self.tokenizer)
-        self.critic = DataParallelPPOCritic(config=self.config, engine=self.engine, batch_sizes=self.batch_sizes)
+        self.critic = DataParallelPPOCritic(config=self.critic_config, engine=self.engine,
+                                            batch_sizes=self.batch_sizes)
 
     @property
     def critic_module(self):
@@ -502,7 +505,8 @@ class RewardModelWorker(Worker, DistProfilerExtension):
     def __init__(self, config, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
-        DistProfilerExtension.__init__(self, DistProfiler(self.rank, cfg_get(self.config, "profiler")))
+        self.rm_config = typed_section(self.config, "reward_model")
+        DistProfilerExtension.__init__(self, DistProfiler(self.rank, self.config.get("profiler")))
         init_distributed()
         self.dp_size = dist.get_world_size()
         self.micro_batch_size = per_device_micro_size(self.config, "micro_batch_size", "micro_batch_size_per_gpu",
@@ -513,18 +517,17 @@ class RewardModelWorker(Worker, DistProfilerExtension):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        model_cfg = self.config.model
-        import_user_modules(cfg_get(model_cfg, "external_lib", None))  # the user's engines register here
-        engine_config = reward_engine_config(self.config)
-        trust = bool(cfg_get(model_cfg, "trust_remote_code", False))
+        model_cfg = self.rm_config.model
+        import_user_modules(model_cfg.external_lib)  # the user's engines register here
+        engine_config = reward_engine_config(self.rm_config)
+        trust = model_cfg.trust_remote_code
         self.tokenizer = load_tokenizer(engine_config.model_path, trust)
-        src = cfg_get(model_cfg, "input_tokenizer", None)
+        src = model_cfg.input_tokenizer
         if src is not None:
             self.input_tokenizer = load_tokenizer(src, trust)
             self._switch_template = not same_tokenizer(self.input_tokenizer, self.tokenizer)
-        fsdp_size = int(cfg_get(cfg_get(model_cfg, "fsdp_config"), "fsdp_size", -1))
-        self.engine = get_engine_cls(engine_config.strategy).build(engine_config,
-                                                                  build_device_mesh(self.dp_size, fsdp_size))
+        self.engine = get_engine_cls(engine_config.strategy).build(
+            engine_config, build_device_mesh(self.dp_size, model_cfg.fsdp_config.fsdp_size))
 
     def _score(self, data: DataProto) -> torch.Tensor:
         """One score per row: the head at the last valid token (max of position_ids over the mask)."""
