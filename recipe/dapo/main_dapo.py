@@ -16,9 +16,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.dapo.dynamic_sampling import check_filter_groups
-from verl.trainer.check_config import CHECK_FLAG, compose_cli
+from verl.trainer.check_config import check_config_if_asked, compose_cli, raise_config_error
+from verl.trainer.config_schema import validate_ppo_config
 from verl.trainer.host_defaults import resolve_host_defaults
-from verl.trainer.main_ppo import config_error_exit, precheck_cli, run_ppo, validate_or_exit
+from verl.trainer.main_ppo import config_error_exit, precheck_cli, run_ppo
 from verl.utils.config import ConfigError, quiet_searchpath_warning
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
@@ -109,27 +110,22 @@ def main(config: DictConfig) -> None:
     run_ppo(config, task_runner_class="recipe.dapo.dapo_ray_trainer:DAPOTaskRunner")
 
 
-def check_config_cli(argv: list[str]) -> None:
-    """``python -m recipe.dapo.main_dapo --check-config key=value ...``: what ``main`` checks before Ray starts
-    (command line, composition, DAPO keys, host-aware defaults, the config validator), then ``config ok`` / exit 0
-    or the ``Config error:`` line / exit 2."""
+def check_command_line(argv: list[str]) -> DictConfig:
+    """What ``python -m recipe.dapo.main_dapo --check-config key=value ...`` checks, in this process: what ``main``
+    checks before Ray starts (command line, composition, DAPO keys, host-aware defaults, the config validator).
+    ``argv``: the command line without the flag. Returns the config; raises :class:`ConfigError` naming the key."""
     args = ["--config-path", CONFIG_DIR, "--config-name", "dapo_trainer", *argv]
-    precheck_cli(args)
-    try:
-        config = compose_cli(args, CONFIG_DIR, "dapo_trainer")
-        check_dapo_config(config)
-    except ConfigError as e:
-        config_error_exit(e)
+    raise_config_error(precheck_cli, args)
+    config = compose_cli(args, CONFIG_DIR, "dapo_trainer")
+    check_dapo_config(config)
     explicit = {o.split("=", 1)[0].lstrip("+~") for o in argv if not o.startswith("-")}
     print(resolve_host_defaults(config, explicit), flush=True)
-    validate_or_exit(config)
-    print("config ok", flush=True)
-    sys.exit(0)
+    validate_ppo_config(config)
+    return config
 
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    if CHECK_FLAG in sys.argv[1:]:
-        check_config_cli([a for a in sys.argv[1:] if a != CHECK_FLAG])
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     precheck_cli(["--config-path", CONFIG_DIR, "--config-name", "dapo_trainer", *sys.argv[1:]])
     main()

@@ -6,8 +6,14 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.dpo.dpo_trainer import DPOTrainer
-from verl.trainer.preference.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
+
+
+def check_command_line(argv: list[str]) -> DPOTrainer:
+    """What ``--check-config`` checks, in this process: the driver built from this command line (nothing
+    started), or a ConfigError naming the key."""
+    return check_recipe_command_line(argv, __file__, "dpo_trainer", DPOTrainer)
 
 
 @hydra.main(config_path="config", config_name="dpo_trainer", version_base=None)
@@ -17,5 +23,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    check_config_if_asked(__file__, "dpo_trainer", DPOTrainer)  # --check-config: check, print, exit 0 / 2
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     main()

@@ -35,7 +35,7 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, cre
 from verl.single_controller.ray.base import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.reward import load_reward_manager
-from verl.trainer.preference.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.losses import generalized_jsd, reverse_kl
 from verl.trainer.preference.prompt_sampling import PromptSource, sample_responses, sequence_scores
@@ -45,7 +45,7 @@ from verl.utils.model import check_model_dir, load_hf_config
 from verl.workers.engine import MicroBatchSpec, TrainSpec
 from verl.workers.preference_worker import PreferenceWorker
 
-__all__ = ["DistillationLoss", "check_config", "teacher_worker_config", "GKDTrainer"]
+__all__ = ["DistillationLoss", "check_config", "teacher_worker_config", "GKDTrainer", "check_command_line"]
 
 LOSS_TYPES = ("jsd", "reverse_kl")
 _TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -215,6 +215,12 @@ class GKDTrainer(RecipeDriver):
         return metrics
 
 
+def check_command_line(argv: list[str]) -> GKDTrainer:
+    """What ``--check-config`` checks, in this process: the driver built from this command line (nothing
+    started), or a ConfigError naming the key."""
+    return check_recipe_command_line(argv, __file__, "on_policy_distill_trainer", GKDTrainer)
+
+
 @hydra.main(config_path="config", config_name="on_policy_distill_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     run_recipe(config, GKDTrainer)
@@ -222,5 +228,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    check_config_if_asked(__file__, "on_policy_distill_trainer", GKDTrainer)  # --check-config: check, print, exit 0 / 2
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     main()

@@ -18,7 +18,7 @@ import time
 import hydra
 from omegaconf import DictConfig
 
-from verl.trainer.preference.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import (PAIRINGS, OnlinePreferenceDriver, check_sampling, make_pairs,
                                             train_prefixed)
@@ -26,7 +26,7 @@ from verl.trainer.preference.pairs import REF_KEY, PairwisePreferenceLoss
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
 
-__all__ = ["OnlineDPOTrainer", "check_config"]
+__all__ = ["OnlineDPOTrainer", "check_config", "check_command_line"]
 
 
 def check_config(config: DictConfig) -> PairwisePreferenceLoss:
@@ -78,6 +78,12 @@ class OnlineDPOTrainer(OnlinePreferenceDriver):
         return metrics
 
 
+def check_command_line(argv: list[str]) -> OnlineDPOTrainer:
+    """What ``--check-config`` checks, in this process: the driver built from this command line (nothing
+    started), or a ConfigError naming the key."""
+    return check_recipe_command_line(argv, __file__, "online_dpo_trainer", OnlineDPOTrainer)
+
+
 @hydra.main(config_path="config", config_name="online_dpo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     run_recipe(config, OnlineDPOTrainer)
@@ -85,5 +91,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    check_config_if_asked(__file__, "online_dpo_trainer", OnlineDPOTrainer)  # --check-config: check, print, exit 0 / 2
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     main()

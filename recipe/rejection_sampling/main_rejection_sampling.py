@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import load_reward_manager
-from verl.trainer.preference.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.prompt_sampling import (PromptSource, greedy_validation, sample_responses,
                                                     sequence_scores)
@@ -33,7 +33,7 @@ from verl.utils.metric import reduce_metrics
 from verl.workers.engine import MicroBatchSpec, TrainSpec
 from verl.workers.preference_worker import PreferenceWorker
 
-__all__ = ["SFTLoss", "select_accepted", "check_config", "RejectionSamplingTrainer"]
+__all__ = ["SFTLoss", "select_accepted", "check_config", "RejectionSamplingTrainer", "check_command_line"]
 
 _TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
@@ -150,6 +150,12 @@ class RejectionSamplingTrainer(RecipeDriver):
         return greedy_validation(self.policy, self.val, self.reward_fn)
 
 
+def check_command_line(argv: list[str]) -> RejectionSamplingTrainer:
+    """What ``--check-config`` checks, in this process: the driver built from this command line (nothing
+    started), or a ConfigError naming the key."""
+    return check_recipe_command_line(argv, __file__, "rejection_sampling_trainer", RejectionSamplingTrainer)
+
+
 @hydra.main(config_path="config", config_name="rejection_sampling_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     run_recipe(config, RejectionSamplingTrainer)
@@ -157,5 +163,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    check_config_if_asked(__file__, "rejection_sampling_trainer", RejectionSamplingTrainer)  # --check-config: check, print, exit 0 / 2
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     main()

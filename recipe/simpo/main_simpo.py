@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from verl.trainer.preference import sequence_logps, split_pairs
-from verl.trainer.preference.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.utils.metric import reduce_metrics
 from verl.workers.preference_worker import PreferenceWorker
@@ -53,6 +53,12 @@ class SimPOTrainer(RecipeDriver):
         return reduce_metrics(out.meta_info["metrics"])
 
 
+def check_command_line(argv: list[str]) -> SimPOTrainer:
+    """What ``--check-config`` checks, in this process: the driver built from this command line (nothing
+    started), or a ConfigError naming the key."""
+    return check_recipe_command_line(argv, __file__, "simpo_trainer", SimPOTrainer)
+
+
 @hydra.main(config_path="config", config_name="simpo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     run_recipe(config, SimPOTrainer)
@@ -60,5 +66,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    check_config_if_asked(__file__, "simpo_trainer", SimPOTrainer)  # --check-config: check, print, exit 0 / 2
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     main()

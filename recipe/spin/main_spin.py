@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.preference.dataset import ResponseDataset
-from verl.trainer.preference.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import batch_indices, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import OnlinePreferenceDriver, check_sampling, train_prefixed
 from verl.trainer.preference.pairs import REF_KEY, PairwisePreferenceLoss
@@ -31,7 +31,7 @@ from verl.trainer.preference.prompt_sampling import sample_responses
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
 
-__all__ = ["SPINTrainer", "check_config", "same_response", "response_texts"]
+__all__ = ["SPINTrainer", "check_config", "same_response", "response_texts", "check_command_line"]
 
 
 def check_config(config: DictConfig) -> PairwisePreferenceLoss:
@@ -110,6 +110,12 @@ class SPINTrainer(OnlinePreferenceDriver):
         return {"val/greedy_match": sum(a.strip() == w.strip() for a, w in zip(answers, wanted)) / len(idx)}
 
 
+def check_command_line(argv: list[str]) -> SPINTrainer:
+    """What ``--check-config`` checks, in this process: the driver built from this command line (nothing
+    started), or a ConfigError naming the key."""
+    return check_recipe_command_line(argv, __file__, "spin_trainer", SPINTrainer)
+
+
 @hydra.main(config_path="config", config_name="spin_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     run_recipe(config, SPINTrainer)
@@ -117,5 +123,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    check_config_if_asked(__file__, "spin_trainer", SPINTrainer)  # --check-config: check, print, exit 0 / 2
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     main()

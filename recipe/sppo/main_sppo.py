@@ -21,7 +21,7 @@ import hydra
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
-from verl.trainer.preference.check_config import check_config_if_asked
+from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import (TRAIN_KEYS, WIN_RATE_KINDS, OnlinePreferenceDriver, SPPOLoss,
                                             check_sampling, train_prefixed, win_probabilities)
@@ -29,7 +29,7 @@ from verl.trainer.preference.pairs import REF_KEY
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
 
-__all__ = ["SPPOTrainer", "check_config"]
+__all__ = ["SPPOTrainer", "check_config", "check_command_line"]
 
 
 def check_config(config: DictConfig) -> SPPOLoss:
@@ -80,6 +80,12 @@ class SPPOTrainer(OnlinePreferenceDriver):
         return metrics
 
 
+def check_command_line(argv: list[str]) -> SPPOTrainer:
+    """What ``--check-config`` checks, in this process: the driver built from this command line (nothing
+    started), or a ConfigError naming the key."""
+    return check_recipe_command_line(argv, __file__, "sppo_trainer", SPPOTrainer)
+
+
 @hydra.main(config_path="config", config_name="sppo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
     run_recipe(config, SPPOTrainer)
@@ -87,5 +93,5 @@ def main(config: DictConfig) -> None:
 
 if __name__ == "__main__":
     quiet_searchpath_warning()
-    check_config_if_asked(__file__, "sppo_trainer", SPPOTrainer)  # --check-config: check, print, exit 0 / 2
+    check_config_if_asked(check_command_line)  # --check-config: check, print, exit 0 / 2
     main()

@@ -1,18 +1,33 @@
 """``--check-config`` on the SFT trainer and the recipes' entry points (main_ppo has its own tests).
 
-For each entry point: a good command line prints ``config ok`` and exits 0; a bad one prints a ``Config error:``
-line naming the key and exits 2. Neither starts Ray or a process group, and neither writes anything: the output
-directory named on the command line is not created, nor is anything else in the working directory.
+Every entry point has ``check_command_line(argv)``, the function the flag runs. For each one, in this process: a good
+command line passes and a bad one raises ConfigError naming the key; neither starts Ray or a process group, and
+neither writes anything (the output directory named on the command line is not created, nor is anything else in the
+working directory).
+
+The command-line wiring itself (``python -m <module> --check-config ...`` prints ``config ok`` and exits 0, or a
+``Config error:`` line naming the key and exits 2) is checked for the SFT trainer, one ``run_recipe`` recipe (DPO)
+and DAPO, all in one child interpreter that runs each module as ``__main__`` the way ``python -m`` does: starting an
+interpreter (importing torch, transformers, Hydra) is what costs, so it is paid once.
 """
 
+import importlib
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import ray
+import torch.distributed as dist
+
+from verl.utils.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
+# the recipes' __main__ silences Hydra's false alarm about pkg://verl.trainer.config (quiet_searchpath_warning)
+pytestmark = pytest.mark.filterwarnings(r"ignore:.*path=verl\.trainer\.config is not available")
 
 
 @pytest.fixture(scope="module")
@@ -77,53 +92,142 @@ ENTRY_POINTS = {
                                          "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2"],
                               "data.gen_batch_size=4", "data.gen_batch_size"),
 }
+# checked through the real command line as well: the SFT trainer, a run_recipe recipe and DAPO each wire the flag
+CLI_ENTRY_POINTS = ("verl.trainer.fsdp_sft_trainer", "recipe.dpo.main_dpo", "recipe.dapo.main_dapo")
 
 
-def _check(module: str, args: list[str], cwd: Path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
-               TOKENIZERS_PARALLELISM="false", RAY_ADDRESS="")  # no cluster to join: a Ray start would be local
-    env.pop("WORLD_SIZE", None)
-    return subprocess.run([sys.executable, "-m", module, "--check-config", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=240)
+# ------------------------------------------------------------------------------------------------ in process
+@dataclass
+class Sandbox:
+    cwd: Path  # the working directory during the check: must stay empty
+    out: Path  # trainer.default_local_dir: must not be created
+    started: list  # calls to ray.init / init_process_group made during the check
+    ray_was_up: bool
+
+    def assert_nothing_started_or_written(self) -> None:
+        assert not self.started, f"--check-config started {self.started}"
+        assert ray.is_initialized() is self.ray_was_up, "--check-config initialised Ray"
+        assert not dist.is_initialized(), "--check-config initialised a process group"
+        assert not self.out.exists(), f"--check-config created {self.out}"
+        assert sorted(p.name for p in self.cwd.iterdir()) == [], f"--check-config wrote {list(self.cwd.iterdir())}"
 
 
-def _no_output(cwd: Path, out: Path, proc) -> None:
-    assert not out.exists(), f"--check-config created {out}"
-    assert sorted(p.name for p in cwd.iterdir()) == [], f"--check-config wrote {list(cwd.iterdir())}"
-    assert "Started a local Ray instance" not in proc.stdout + proc.stderr
-    assert "ray.init" not in proc.stdout + proc.stderr
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """An empty working directory; Ray and torch.distributed starts recorded (and refused); the environment as a
+    plain ``python -m`` would see it, restored afterwards (the checks may set variables such as VERL_DEVICE)."""
+    saved_env = dict(os.environ)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    os.environ.pop("WORLD_SIZE", None)
+    os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_ADDRESS="")
+    started = []
+
+    def refuse(what):
+        def call(*args, **kwargs):
+            started.append(what)
+            raise RuntimeError(f"--check-config must not call {what}")
+        return call
+
+    monkeypatch.setattr(ray, "init", refuse("ray.init"))
+    monkeypatch.setattr(dist, "init_process_group", refuse("torch.distributed.init_process_group"))
+    assert not dist.is_initialized()
+    yield Sandbox(cwd=cwd, out=tmp_path / "out", started=started, ray_was_up=ray.is_initialized())
+    os.environ.clear()
+    os.environ.update(saved_env)
 
 
 @pytest.mark.parametrize("module", sorted(ENTRY_POINTS))
-def test_check_config_good_and_bad(module, assets, tmp_path):
+def test_check_command_line_good_and_bad(module, assets, sandbox):
     good, bad, names = ENTRY_POINTS[module]
-    out = tmp_path / "out"
-    args = [*good(assets), f"trainer.default_local_dir={out}"]
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    ok = _check(module, args, cwd)
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    assert ok.stdout.strip().splitlines()[-1] == "config ok"
-    _no_output(cwd, out, ok)
+    check = importlib.import_module(module).check_command_line
+    args = [*good(assets), f"trainer.default_local_dir={sandbox.out}"]
+    check(args)
+    sandbox.assert_nothing_started_or_written()
 
-    refused = _check(module, [*args, bad], cwd)
-    assert refused.returncode == 2, (refused.stdout[-2000:], refused.stderr[-3000:])
-    errors = [ln for ln in refused.stderr.splitlines() if ln.startswith("Config error:")]
-    assert errors and names in errors[-1], refused.stderr[-3000:]
-    assert "config ok" not in refused.stdout
-    _no_output(cwd, out, refused)
+    with pytest.raises(ConfigError) as refused:
+        check([*args, bad])
+    assert names in str(refused.value)
+    sandbox.assert_nothing_started_or_written()
 
 
-def test_sft_check_config_counts_torchrun_processes(assets, tmp_path):
+def test_sft_check_counts_torchrun_processes(assets, sandbox):
     """The number of processes is torchrun's WORLD_SIZE: sequence parallel 2 needs 2 processes."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
+    from verl.trainer.fsdp_sft_trainer import check_command_line
+
     args = [*_sft(assets), "ulysses_sequence_parallel_size=2", "use_remove_padding=true",
-            f"trainer.default_local_dir={tmp_path / 'out'}"]
-    one = _check("verl.trainer.fsdp_sft_trainer", args, cwd)
-    assert one.returncode == 2 and "ulysses_sequence_parallel_size=2 must divide the number of processes (1" in one.stderr
-    env_args = ["env", "WORLD_SIZE=2", sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", "--check-config", *args]
-    two = subprocess.run(env_args, cwd=cwd, env=dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1"),
-                         capture_output=True, text=True, timeout=240)
-    assert two.returncode == 0 and two.stdout.strip().endswith("config ok"), two.stderr[-2000:]
-    _no_output(cwd, tmp_path / "out", two)
+            f"trainer.default_local_dir={sandbox.out}"]
+    with pytest.raises(ConfigError) as one:
+        check_command_line(args)
+    assert "ulysses_sequence_parallel_size=2 must divide the number of processes (1" in str(one.value)
+    os.environ["WORLD_SIZE"] = "2"  # what torchrun --nproc_per_node 2 sets (the sandbox restores the environment)
+    check_command_line(args)
+    sandbox.assert_nothing_started_or_written()
+
+
+# ------------------------------------------------------------------------------------------------ command line
+# Runs each case's module as __main__ with sys.argv = [module, --check-config, *args] (what ``python -m`` does) in
+# the case's working directory; records the exit code, the output and whether Ray / a process group came up.
+_CLI_DRIVER = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+
+import ray
+
+cases_file, results_file = sys.argv[1:]
+results = []
+for case in json.loads(open(cases_file).read()):
+    os.chdir(case["cwd"])
+    sys.argv = [case["module"], "--check-config", *case["args"]]
+    out, err, code = io.StringIO(), io.StringIO(), "returned"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(case["module"], run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            code = e.code
+        except BaseException:
+            traceback.print_exc()
+            code = "raised"
+    dist = sys.modules.get("torch.distributed")
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "ray": ray.is_initialized(),
+                    "process_group": bool(dist is not None and dist.is_available() and dist.is_initialized())})
+open(results_file, "w").write(json.dumps(results))
+"""
+
+
+def test_check_config_command_line(assets, tmp_path):
+    cases, outs = [], []
+    for i, module in enumerate(CLI_ENTRY_POINTS):
+        good, bad, names = ENTRY_POINTS[module]
+        cwd, out = tmp_path / f"cwd{i}", tmp_path / f"out{i}"
+        cwd.mkdir()
+        args = [*good(assets), f"trainer.default_local_dir={out}"]
+        cases += [{"module": module, "args": args, "cwd": str(cwd)},
+                  {"module": module, "args": [*args, bad], "cwd": str(cwd), "names": names}]
+        outs += [out, out]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
+               TOKENIZERS_PARALLELISM="false", RAY_ADDRESS="")  # no cluster to join: a Ray start would be local
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, "-c", _CLI_DRIVER, str(tmp_path / "cases.json"),
+                           str(tmp_path / "results.json")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert len(results) == len(cases)
+
+    for case, out, res in zip(cases, outs, results):
+        label = f"{case['module']} {'bad' if 'names' in case else 'good'}: {res['stderr'][-3000:]}"
+        if "names" not in case:
+            assert res["code"] == 0, label
+            assert res["stdout"].strip().splitlines()[-1] == "config ok", label
+        else:
+            assert res["code"] == 2, label
+            errors = [ln for ln in res["stderr"].splitlines() if ln.startswith("Config error:")]
+            assert errors and case["names"] in errors[-1], label
+            assert "config ok" not in res["stdout"], label
+        assert not res["ray"] and not res["process_group"], label
+        assert "Started a local Ray instance" not in res["stdout"] + res["stderr"], label
+        assert not out.exists(), f"{label}: --check-config created {out}"
+        assert sorted(p.name for p in Path(case["cwd"]).iterdir()) == [], f"{label}: --check-config wrote something"
+    assert "Started a local Ray instance" not in proc.stdout + proc.stderr

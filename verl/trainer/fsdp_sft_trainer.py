@@ -63,7 +63,7 @@ from transformers import AutoTokenizer
 
 from verl.protocol import DataProto
 from verl.single_controller.base.worker import get_free_port
-from verl.trainer.check_config import CHECK_FLAG, compose_cli, split_cli
+from verl.trainer.check_config import check_config_if_asked, compose_cli, split_cli
 from verl.trainer.sft.config import SFTPlan, check_sequence_parallel_model, validate_sft_config
 from verl.utils.checkpoint.hf_export import HF_SUBDIR, latest_step, mark_latest, prune_checkpoints, step_dir
 from verl.utils.config import ConfigError, check_overrides
@@ -421,39 +421,41 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 _CHOICE_FLAGS = ("--config-name", "-cn", "--config-path", "-cp")
 
 
-def _precheck_cli(argv: list[str], config_name: str = "sft_trainer") -> None:
-    """Unknown / misspelled keys fail with a "did you mean" hint before Hydra composes the config."""
+def _check_cli_overrides(argv: list[str], config_name: str = "sft_trainer") -> None:
+    """Unknown / misspelled keys on the command line: a ConfigError with a "did you mean" hint, before Hydra
+    composes the config."""
     if any(a.startswith("-") and a.partition("=")[0] not in _CHOICE_FLAGS for a in argv):
         return  # --help, --cfg ...: leave to Hydra
     config_dir, config_name, overrides = split_cli(argv, CONFIG_DIR, config_name)
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        for warning in check_overrides(compose(config_name=config_name), overrides):
+            print(warning, file=sys.stderr)
+
+
+def _precheck_cli(argv: list[str], config_name: str = "sft_trainer") -> None:
+    """:func:`_check_cli_overrides` for the command line: a problem prints the ``Config error:`` line, exit 2."""
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            for warning in check_overrides(compose(config_name=config_name), overrides):
-                print(warning, file=sys.stderr)
+        _check_cli_overrides(argv, config_name)
     except ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
 
 
-def check_config_cli(argv: list[str]) -> None:
-    """``python -m verl.trainer.fsdp_sft_trainer --check-config key=value ...``: the command-line check, the
-    composition and every check ``run_sft`` makes before it starts the process group (:func:`preflight`), then
-    ``config ok`` and exit 0, or the ``Config error:`` line and exit 2. Loads no model, writes nothing.
+def check_command_line(argv: list[str]) -> DictConfig:
+    """What ``python -m verl.trainer.fsdp_sft_trainer --check-config key=value ...`` checks, in this process: the
+    command-line check, the composition and every check ``run_sft`` makes before it starts the process group
+    (:func:`preflight`). ``argv``: the command line without the flag. Returns the config; raises ConfigError
+    naming the key. Loads no model, writes nothing.
 
     The number of processes is torchrun's (``WORLD_SIZE``): run the check under the same torchrun command as the
     training (or set ``WORLD_SIZE=N``); a plain ``python -m`` checks one process."""
-    _precheck_cli(argv)
-    try:
-        preflight(compose_cli(argv, CONFIG_DIR, "sft_trainer"), int(os.environ.get("WORLD_SIZE", 1)))
-    except ConfigError as e:
-        print(f"Config error: {e}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG_ERROR)
-    print("config ok", flush=True)
-    sys.exit(0)
+    _check_cli_overrides(argv)
+    config = compose_cli(argv, CONFIG_DIR, "sft_trainer")
+    preflight(config, int(os.environ.get("WORLD_SIZE", 1)))
+    return config
 
 
 if __name__ == "__main__":
-    if CHECK_FLAG in sys.argv[1:]:
-        check_config_cli([a for a in sys.argv[1:] if a != CHECK_FLAG])
+    check_config_if_asked(check_command_line)  # --check-config: check, print ``config ok`` / the error, exit 0 / 2
     _precheck_cli(sys.argv[1:])
     main()
