@@ -37,11 +37,33 @@ def copy_to_local(src: str, cache_dir: str | None = None, filelock: str = ".file
     """
     local = _check_local(src)
     if use_shm and os.path.isdir(local) and os.path.isdir("/dev/shm"):
-        dst = os.path.join("/dev/shm", "verl-cache", md5_encode(os.path.abspath(local)))
-        if always_recopy or not os.path.isdir(dst):
-            shutil.copytree(local, dst, dirs_exist_ok=True)
-        return dst
+        return _copy_to_shm(local, always_recopy)
     return local
+
+
+SHM_CACHE = "/dev/shm/verl-cache"
+
+
+def _copy_to_shm(local: str, always_recopy: bool = False) -> str:
+    """The model directory ``local`` copied once per machine to ``/dev/shm/verl-cache/<md5 of its path>``. Every
+    process of a run may ask at once: each copies into its own temporary directory and renames it into place, so
+    a reader never sees a half-copied model; the first rename wins and the others drop their copy."""
+    dst = os.path.join(SHM_CACHE, md5_encode(os.path.abspath(local)))
+    if os.path.isdir(dst) and not always_recopy:
+        return dst
+    os.makedirs(SHM_CACHE, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(dst) + ".tmp-", dir=SHM_CACHE)
+    try:
+        shutil.copytree(local, tmp, dirs_exist_ok=True)
+        if always_recopy and os.path.isdir(dst):
+            shutil.rmtree(dst, ignore_errors=True)
+        try:
+            os.rename(tmp, dst)
+        except OSError:  # another process renamed its copy first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
 
 
 def copy_local_path_from_hdfs(src: str, cache_dir: str | None = None, filelock: str = ".file.lock",

@@ -48,7 +48,7 @@ from verl.workers.config_utils import (log_prob_micro_size, memory_metrics, per_
 from verl.workers.critic.dp_critic import DataParallelPPOCritic, typed_critic_config
 from verl.workers.engine import (MicroBatchSpec, TrainEngine, get_engine_cls)
 from verl.workers.engine.config import (EngineConfig, actor_engine_config, critic_engine_config,
-                                        ref_engine_config, reward_engine_config, typed_section)
+                                        local_model_path, ref_engine_config, reward_engine_config, typed_section)
 from verl.workers.rollout import get_rollout_class
 from verl.workers.rollout.engine_group import EngineGroupLeader, follow_engine_leader, new_engine_groups
 from verl.workers.rollout.layout import RolloutLayout, check_rollout_parallel, rollout_layout
@@ -170,7 +170,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
 
     # ------------------------------------------------------------------------------------ building
     def _model_path(self) -> str:
-        return check_model_dir(self.model_config.path)
+        return check_model_dir(local_model_path(self.model_config))
 
     def _build_engine(self, engine_config: EngineConfig) -> TrainEngine:
         return get_engine_cls(engine_config.strategy).build(engine_config, self.device_mesh, tokenizer=self.tokenizer)

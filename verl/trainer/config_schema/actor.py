@@ -53,8 +53,8 @@ class ModelConfig(Section):
     hf_config_path: Optional[str] = key(None, "a separate model config directory",
                                         unsupported="the model config is read from model.path; leave null")
     tokenizer_path: Optional[str] = key(None, "tokenizer directory (null: beside the model)", read_in=(WORKERS, MAIN))
-    use_shm: bool = key(False, "copy the model to /dev/shm before loading",
-                        unsupported="the workers load from model.path directly; leave false")
+    use_shm: bool = key(False, "copy the model to /dev/shm once per machine and load every role and the rollout "
+                               "engine from there", read_in=(WORKERS, ENGINE))
     trust_remote_code: bool = key(False, "allow model code from the checkpoint", read_in=(WORKERS, MAIN))
     custom_chat_template: Optional[str] = key(None, "a chat template replacing the tokenizer's",
                                               unsupported="not applied to the policy's tokenizer; set "

@@ -8,7 +8,7 @@ from typing import Optional, Union
 from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N, TiledMLPConfig
 from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
                                                FollowingMegatronConfig, FSDPConfig)
-from verl.trainer.config_schema.places import BATCH_SIZES, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
+from verl.trainer.config_schema.places import BATCH_SIZES, ENGINE, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
 from verl.trainer.config_schema.profiler import RewardModelProfilerConfig, RoleProfilerConfig
 from verl.trainer.config_schema.spec import Section, key, picked, section
 
@@ -31,8 +31,8 @@ class CriticModelConfig(Section):
     trust_remote_code: bool = key(False, "allow model code from the checkpoint",
                                   follows="actor_rollout_ref.model.trust_remote_code", read_in=(WORKERS,))
     override_config: dict = key({}, "free-form overrides of the HF model config", read_in=(WORKERS, MODEL))
-    use_shm: bool = key(False, "copy the model to /dev/shm before loading",
-                        unsupported="the workers load from critic.model.path directly; leave false")
+    use_shm: bool = key(False, "copy the model to /dev/shm once per machine and load from there",
+                        read_in=(ENGINE,))
     enable_gradient_checkpointing: bool = key(True, "recompute activations in backward", read_in=(WORKERS,))
     enable_activation_offload: bool = key(False, "offload activations to the host",
                                           unsupported="activation offload is not available; leave false")
@@ -109,8 +109,8 @@ class RMModelConfig(Section):
     use_fused_kernels: bool = key(False, "fused kernels", follows="actor_rollout_ref.model.use_fused_kernels",
                                   unsupported="fused kernels are not available; use False")
     override_config: dict = key({}, "free-form overrides of the reward model's HF config", read_in=(WORKERS, MODEL))
-    use_shm: bool = key(False, "copy the reward model to /dev/shm before loading",
-                        unsupported="the workers load from reward_model.model.path directly; leave false")
+    use_shm: bool = key(False, "copy the reward model to /dev/shm once per machine and load from there",
+                        read_in=(ENGINE,))
     fsdp_config: RMFSDPConfig = section(RMFSDPConfig)
 
 

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl.utils.chunked_head import DEFAULT_CHUNK_SIZE
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.fs import copy_to_local
 from verl.workers.config import FSDPOptimizerConfig, config_class_for
 
 __all__ = ["EngineConfig", "plain", "typed_section", "actor_engine_config", "ref_engine_config",
@@ -114,10 +115,16 @@ def compile_key(name: str) -> str:
     return COMPILE_KEYS.get(name, "use_torch_compile")
 
 
+def local_model_path(model: Any) -> str:
+    """Where a role loads its weights from: ``model.path``, or with ``model.use_shm=True`` (verl's key) a copy of it
+    in /dev/shm, made once per machine by whichever process asks first."""
+    return copy_to_local(str(model.path), use_shm=bool(model.use_shm))
+
+
 def _weights(model: Any, fsdp: Any) -> dict:
     """Where the weights come from and how they are loaded: ``model.path`` / ``override_config`` /
     ``trust_remote_code`` and the fsdp section's ``model_dtype`` / ``seed`` / offloading."""
-    return dict(model_path=str(model.path), override_config=dict(model.override_config),
+    return dict(model_path=local_model_path(model), override_config=dict(model.override_config),
                 trust_remote_code=bool(model.trust_remote_code), fsdp=fsdp,
                 model_dtype=str(fsdp.model_dtype), seed=int(fsdp.seed),
                 param_offload=bool(fsdp.param_offload), optimizer_offload=bool(fsdp.optimizer_offload))
@@ -196,7 +203,7 @@ def reward_engine_config(rm_cfg: Any) -> EngineConfig:
     model, fsdp = rm.model, rm.model.fsdp_config
     return EngineConfig(name="reward_model", strategy=rm.strategy, model_kind="reward",
                         use_remove_padding=model.use_remove_padding,
-                        model_path=str(model.path), override_config=dict(model.override_config),
+                        model_path=local_model_path(model), override_config=dict(model.override_config),
                         trust_remote_code=bool(model.trust_remote_code), fsdp=fsdp,
                         model_dtype=str(fsdp.model_dtype or "fp32"),
                         seed=int(fsdp.seed if fsdp.seed is not None else 42),
