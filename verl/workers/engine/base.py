@@ -176,9 +176,11 @@ class TrainEngine(ABC):
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
 
     @abstractmethod
-    def iter_full_params(self, stats: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_full_params(self, stats: dict | None = None,
+                         bucket_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (gathered) parameters under Hugging Face names, one tensor at a time (LoRA merged);
-        ``stats["recv_bytes"]``: bytes this rank receives from other ranks to build them."""
+        ``stats["recv_bytes"]``: bytes this rank receives from other ranks to build them. ``bucket_bytes``: how much
+        to gather per collective where the engine gathers in buckets (0: one parameter at a time)."""
 
     @abstractmethod
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: int | None = None) -> None: ...

@@ -25,7 +25,7 @@ from verl.utils.chunked_head import output_layer
 from verl.utils.checkpoint.hf_export import save_hf_model_dir
 from verl.utils.compile import compile_decoder_layers
 from verl.utils.device import get_device_name, module_device
-from verl.utils.fsdp_utils import (apply_fsdp2, apply_lora, build_lr_scheduler, build_optimizer, clip_grad_norm_,
+from verl.utils.fsdp_utils import (GATHER_BUCKET_BYTES, apply_fsdp2, apply_lora, build_lr_scheduler, build_optimizer, clip_grad_norm_,
                                    enable_gradient_checkpointing, gathered_bytes, is_peft_model, iter_full_state_dict,
                                    load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
                                    offload_fsdp_optimizer)
@@ -259,12 +259,13 @@ class FSDPEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def iter_full_params(self, stats: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_full_params(self, stats: dict | None = None,
+                         bucket_bytes: int = GATHER_BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
         self.onload()
         if stats is not None:  # the bucketed all-gather brings every rank the shards it does not hold
             stats["recv_bytes"] = gathered_bytes(self.module)
         try:
-            for name, tensor in iter_full_state_dict(self.module):
+            for name, tensor in iter_full_state_dict(self.module, bucket_bytes=bucket_bytes):
                 if not name.endswith("rotary_emb.inv_freq"):  # a derived buffer, not a weight
                     yield name, tensor
         finally:

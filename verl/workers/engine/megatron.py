@@ -310,7 +310,9 @@ class MegatronEngine(TrainEngine):
         return grad_norm
 
     # ------------------------------------------------------------------ weights out
-    def iter_full_params(self, stats: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_full_params(self, stats: dict | None = None,
+                         bucket_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        # one parameter at a time whatever bucket_bytes says: each is gathered across its tensor-parallel group
         yield from iter_hf_params(self.module, self.hf_config, self.value_head, stats)
 
     @property
