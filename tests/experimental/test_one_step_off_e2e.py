@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 # the entry point's own main(), with a trainer that measures the push at the end of the run
 SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
     from omegaconf import open_dict
     from verl.experimental.one_step_off_policy import main_ppo as entry
     from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
@@ -42,7 +42,9 @@ SCRIPT = textwrap.dedent('''
             self._push_weights(s.actor_version)
             result["push_s"] = self._last_push_s
             result["fresh_gap"] = self._gap()
-            with open("push_check.json", "w") as f:
+            # an absolute path: the trainer runs in a Ray worker, whose working directory is the cluster's
+            out = os.path.join(os.path.dirname(os.environ["VERL_FILE_LOGGER_PATH"]), "push_check.json")
+            with open(out, "w") as f:
                 json.dump(result, f)
             super()._finish()
 
