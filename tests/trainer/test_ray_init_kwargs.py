@@ -44,6 +44,9 @@ def test_joining_a_cluster_sends_the_variables_in_the_runtime_env(config, monkey
     assert env["NCCL_DEBUG"] == "INFO"  # the user's own value wins over the default
     assert env["VLLM_LOGGING_LEVEL"] == main_ppo._WORKER_ENV_DEFAULTS["VLLM_LOGGING_LEVEL"]
     assert "num_cpus" not in kwargs  # a running cluster keeps its own resources
+    monkeypatch.setenv("PYTHONPATH", "/my/modules")  # the user's modules go first on the workers' path
+    env = main_ppo.ray_init_kwargs(config, None)["runtime_env"]["env_vars"]
+    assert env["PYTHONPATH"] == "/my/modules" + os.pathsep + "${PYTHONPATH}"
 
 
 def test_workers_of_a_local_ray_see_the_variables_and_the_caller_keeps_its_environment(config, monkeypatch):

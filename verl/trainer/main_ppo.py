@@ -215,7 +215,12 @@ def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
         kwargs.update(extra)
         # join the user's cluster as is; its processes get the variables through the job's runtime_env
         runtime_env = dict(kwargs.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**worker_env(), **dict(runtime_env.get("env_vars") or {})}
+        joined = worker_env()
+        if os.environ.get("PYTHONPATH"):
+            # a user's modules (external_lib, reward functions) on the driver's PYTHONPATH: the cluster's workers
+            # do not inherit this process's environment, so the path goes first in theirs (Ray expands ${...})
+            joined["PYTHONPATH"] = os.environ["PYTHONPATH"] + os.pathsep + "${PYTHONPATH}"
+        runtime_env["env_vars"] = {**joined, **dict(runtime_env.get("env_vars") or {})}
         kwargs["runtime_env"] = runtime_env
         return kwargs
     if num_cpus is None:

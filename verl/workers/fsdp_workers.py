@@ -118,6 +118,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
+        # the user's engines / rollouts register first: the typed sections check names against the registries
+        import_user_modules(self.config.model.get("external_lib"))
         # the typed sections this worker reads (verl.workers.config); the rollout engine gets the rollout section
         self.model_config = typed_section(self.config.get("model"), "actor_rollout_ref.model")
         self.actor_config = typed_actor_config(self.config.get("actor"))
@@ -190,7 +192,6 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         """Build, per role: the actor engine (model, optimizer, scheduler, checkpoints), the reference engine,
         the rollout engine and the hybrid-engine sharding manager."""
         model_cfg = self.model_config
-        import_user_modules(model_cfg.external_lib)  # the user's engines / rollouts register here
         trust = model_cfg.trust_remote_code
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or self._model_path(), trust)
         self.generation_config = get_generation_config(self._model_path(), trust)
@@ -440,6 +441,7 @@ class CriticWorker(Worker, DistProfilerExtension):
     def __init__(self, config, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
+        import_user_modules(self.config.model.get("external_lib"))  # the user's engines register first
         self.critic_config = critic = typed_critic_config(self.config)
         DistProfilerExtension.__init__(self, DistProfiler(self.rank, self.config.get("profiler")))
         init_distributed()
@@ -457,7 +459,6 @@ class CriticWorker(Worker, DistProfilerExtension):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.critic_config.model
-        import_user_modules(model_cfg.external_lib)  # the user's engines register here
         engine_config = critic_engine_config(self.critic_config)
         trust = model_cfg.trust_remote_code
         self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or engine_config.model_path, trust)
@@ -516,6 +517,7 @@ class RewardModelWorker(Worker, DistProfilerExtension):
     def __init__(self, config, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
+        import_user_modules(self.config.model.get("external_lib"))  # the user's engines register first
         self.rm_config = typed_section(self.config, "reward_model")
         DistProfilerExtension.__init__(self, DistProfiler(self.rank, self.config.get("profiler")))
         init_distributed()
@@ -529,7 +531,6 @@ class RewardModelWorker(Worker, DistProfilerExtension):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         model_cfg = self.rm_config.model
-        import_user_modules(model_cfg.external_lib)  # the user's engines register here
         engine_config = reward_engine_config(self.rm_config)
         trust = model_cfg.trust_remote_code
         self.tokenizer = load_tokenizer(engine_config.model_path, trust)
