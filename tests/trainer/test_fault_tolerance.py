@@ -38,6 +38,7 @@ def _session_workers(sid: int, name: str) -> list[int]:
 
 
 @pytest.mark.e2e
+@pytest.mark.own_ray  # kills a worker process of the run: the run must start its own Ray (workers in its session)
 def test_dead_worker_stops_the_driver_with_a_named_error_then_resumes_on_one_rank(assets, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from test_main_ppo_e2e import assets, quickstart_args, read_metrics  # noqa: E402,F401
 
-from ray_nodes import RAY, free_ports, kill_sessions, node_ports_args, ray_start  # noqa: E402
+from ray_nodes import RAY, free_ports, kill_sessions, node_ports_args, ray_start, session_pids  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]  # starts its own Ray nodes
 
@@ -72,4 +72,4 @@ def test_main_ppo_on_two_ray_nodes_through_ray_job_submit(assets, tmp_path):
         assert (run / "ckpt" / "global_step_2" / "actor" / "model_world_size_2_rank_1.pt").exists()
     finally:  # tear both nodes down, bounded: TERM, then KILL what is left after 15 s
         kill_sessions(sids)
-    assert not _session_pids(sids)
+    assert not session_pids(sids)
