@@ -149,3 +149,23 @@ def deprecated(replacement: str = ""):
         return wrapper
 
     return decorator
+
+
+def lazy_exports(package: str, lazy: dict[str, str], aliases: dict[str, str] | None = None):
+    """``(__getattr__, __dir__)`` for a package whose names live in submodules imported on first use (PEP 562):
+    ``lazy`` maps a name to its submodule, ``aliases`` an older name to the current one."""
+    aliases = aliases or {}
+    namespace = sys.modules[package].__dict__
+
+    def __getattr__(name: str):
+        real = aliases.get(name, name)
+        if real in lazy:
+            value = getattr(importlib.import_module(f"{package}.{lazy[real]}"), real)
+            namespace[name] = value
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(lazy) | set(aliases))
+
+    return __getattr__, __dir__

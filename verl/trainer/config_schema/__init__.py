@@ -9,9 +9,8 @@ valid ranges and support status, and the validators built on it.
 
 from __future__ import annotations
 
-import importlib
-
 from verl.utils.config import ConfigError
+from verl.utils.import_utils import lazy_exports
 
 # names -> submodule, imported on first use (PEP 562): importing one section module (``.actor`` for
 # verl.workers.config) does not load the validator and what it imports (the trainer's algorithms, agent loops)
@@ -26,14 +25,4 @@ __all__ = ["ConfigError", "PPOPlan", "PPOTrainerConfig", "TrainerConfig", "AlgoC
            "slow_half_precision_keys", "warn_slow_cpu_bf16", "_check_pf_ppo"]
 
 
-def __getattr__(name: str):
-    real = _ALIASES.get(name, name)
-    if real in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[real]}"), real)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_ALIASES))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, _ALIASES)

@@ -9,8 +9,7 @@ the Megatron engine.
 
 from __future__ import annotations
 
-import importlib
-
+from verl.utils.import_utils import lazy_exports
 from verl.workers.engine.registry import ENGINES, engine_names, engine_workers, get_engine_cls, register_engine
 
 __all__ = ["TrainEngine", "FSDPEngine", "EngineConfig", "MicroBatchSpec", "TrainSpec", "LossContext", "OUTPUTS",
@@ -20,13 +19,4 @@ _LAZY = {"TrainEngine": "base", "MicroBatchSpec": "base", "TrainSpec": "base", "
          "OUTPUTS": "base", "EngineConfig": "config", "FSDPEngine": "fsdp"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
