@@ -13,6 +13,7 @@ variants alternate, ``--repeats`` rounds, median [min, max].
 
 Variants:
   bare                 a hand-written padded loop (autocast, gradient checkpointing), the baseline;
+  bare-nockpt          the same loop without gradient checkpointing (the like-for-like peer of ours-pack*);
   ours-default         our actor with verl's defaults on this device (remove padding, gradient checkpointing);
   ours-pack            packed rows with the variable-length attention kernel, no checkpointing;
   ours-pack-ckpt       the same with gradient checkpointing;
@@ -32,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,7 +50,8 @@ SHAPES = {
                      prompt=(4, 32), response=(4, 64), micro=4),
 }
 VARIANTS = {
-    "bare": {},
+    "bare": dict(bare=True, ckpt=True),
+    "bare-nockpt": dict(bare=True),
     "ours-default": dict(remove_padding=True, ckpt=True),
     "ours-trim": dict(remove_padding=True, mode="trim"),
     "ours-pack": dict(remove_padding=True, mode="pack"),
@@ -58,22 +61,20 @@ VARIANTS = {
 }
 
 ONE_RUN = r'''
-import json, os, resource, sys, tempfile, time
+import json, os, resource, sys, time
 spec = json.loads(sys.argv[1])
 if spec["variant"].get("mode"):
     os.environ["VERL_REMOVE_PADDING_MODE"] = spec["variant"]["mode"]
 import torch
 import torch.distributed as dist
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 shape, variant, dtype = spec["shape"], spec["variant"], spec["dtype"]
 cuda = torch.cuda.is_available()
 device = torch.device("cuda" if cuda else "cpu")
 half = torch.bfloat16 if dtype == "bf16" else torch.float32
 torch.manual_seed(0)
-cfg = Qwen2Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["inter"],
-                  num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                  num_key_value_heads=shape["kv"], max_position_embeddings=4096, tie_word_embeddings=True)
+model_dir = spec["model_dir"]
 g = torch.Generator().manual_seed(1)
 rows, (pmin, pmax), (rmin, rmax) = shape["rows"], shape["prompt"], shape["response"]
 plen = torch.randint(pmin, pmax + 1, (rows,), generator=g)
@@ -99,9 +100,10 @@ def sync():
         torch.cuda.synchronize()
 
 micro = shape["micro"]
-if not variant:  # the bare padded loop
-    model = Qwen2ForCausalLM._from_config(cfg, attn_implementation="sdpa").to(device)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+if variant.get("bare"):  # the bare padded loop
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa", dtype=torch.float32).to(device)
+    if variant.get("ckpt"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     b = {k: v.to(device) for k, v in batch.items()}
@@ -137,8 +139,6 @@ else:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(spec["port"]))
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-    model_dir = tempfile.mkdtemp(prefix="mfu_model_")
-    Qwen2ForCausalLM(cfg).save_pretrained(model_dir)
     fsdp = {"mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}} if half == torch.bfloat16 else {}
     fsdp["reshard_after_forward"] = False
     engine = get_engine_cls("fsdp").build(EngineConfig(
@@ -166,6 +166,26 @@ print(json.dumps({"old_log_prob_s": t1 - t0, "update_s": t2 - t1, "peak_gb": pea
 '''
 
 
+MAKE_MODEL = r'''
+import json, sys
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+shape, model_dir = json.loads(sys.argv[1]), sys.argv[2]
+torch.manual_seed(0)
+cfg = Qwen2Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["inter"],
+                  num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                  num_key_value_heads=shape["kv"], max_position_embeddings=4096, tie_word_embeddings=True)
+with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
+    model = Qwen2ForCausalLM(cfg)
+model.save_pretrained(model_dir)
+'''
+
+
+def make_model(shape: str, model_dir: str) -> None:
+    """One set of random weights (fp32, safetensors) that every variant and round loads, so all start equal."""
+    subprocess.run([sys.executable, "-c", MAKE_MODEL, json.dumps(SHAPES[shape]), model_dir], check=True, cwd=REPO)
+
+
 def flops(shape: dict, tokens: int, seq_sq: int, backward: bool) -> float:
     """Matmul FLOPs of ``tokens`` real tokens: the layers' weights, the output layer, and causal attention over
     each sequence (``seq_sq`` = sum of squared lengths), x3 with backward."""
@@ -177,8 +197,9 @@ def flops(shape: dict, tokens: int, seq_sq: int, backward: bool) -> float:
     return (dense + attention) * (3 if backward else 1)
 
 
-def run_one(shape: str, variant: str, dtype: str, port: int) -> dict:
-    spec = {"shape": SHAPES[shape], "variant": VARIANTS[variant], "dtype": dtype, "port": port}
+def run_one(shape: str, variant: str, dtype: str, port: int, model_dir: str) -> dict:
+    spec = {"shape": SHAPES[shape], "variant": VARIANTS[variant], "dtype": dtype, "port": port,
+            "model_dir": model_dir}
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = subprocess.run([sys.executable, "-c", ONE_RUN, json.dumps(spec)], capture_output=True, text=True,
                          cwd=REPO, env=env)
@@ -204,17 +225,33 @@ def main(argv=None):
     dtype = "bf16" if args.dtype == "auto" and cuda else host_dtype(args.dtype)
     peak = args.peak_tflops or (989.0 if cuda else None)
     results: dict[str, list[dict]] = {v: [] for v in args.variants}
-    for r in range(args.repeats):
-        for i, variant in enumerate(args.variants):
-            results[variant].append(run_one(args.shape, variant, dtype, 29500 + 17 * r + i))
-            print(f"round {r} {variant}: {results[variant][-1]}", flush=True)
+    failed: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="mfu_model_") as model_dir:
+        make_model(args.shape, model_dir)
+        for r in range(args.repeats):
+            for i, variant in enumerate(args.variants):
+                if variant in failed:
+                    continue
+                try:
+                    results[variant].append(run_one(args.shape, variant, dtype, 29500 + 17 * r + i, model_dir))
+                except RuntimeError as err:  # one variant's failure (say, a kernel this device lacks) is reported
+                    failed[variant] = str(err)
+                    print(f"round {r} {variant}: FAILED\n{err}", flush=True)
+                    continue
+                print(f"round {r} {variant}: {results[variant][-1]}", flush=True)
+    for variant in failed:
+        results.pop(variant)
+    if not results:
+        raise SystemExit("every variant failed")
     shape = SHAPES[args.shape]
-    first = results[args.variants[0]][0]
+    first = next(iter(results.values()))[0]
     print(f"\n{args.shape}, {dtype}, {shape['rows']} rows, {first['real_tokens']} real of {first['padded_tokens']} "
           f"padded tokens, micro-batch {shape['micro']}, on {first['device']}; median [min, max] of {args.repeats}")
-    base = results.get("bare")
+    base = results.get("bare") or results.get("bare-nockpt")
     header = f"{'variant':<26}{'old log-prob s':>22}{'update s':>22}{'update MFU':>12}{'peak GB':>10}{'vs bare':>9}"
     print(header)
+    for variant in failed:
+        print(f"{variant:<26}failed (see its error above)")
     for variant, runs in results.items():
         old = median_range(x["old_log_prob_s"] for x in runs)
         upd = median_range(x["update_s"] for x in runs)

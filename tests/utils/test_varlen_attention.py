@@ -112,6 +112,75 @@ def test_sliding_window_keeps_the_window():
     assert (out - ref).abs().max() <= TOL
 
 
+def _reference_kernel(query, key, value, cu_q, max_len, *, causal, left, scale, gqa):
+    """Plain per-segment attention over (T, H, D) tensors with torch's varlen window convention."""
+    assert gqa or query.shape[1] == key.shape[1], "heads differ and the kernel was not told (enable_gqa)"
+    outs = []
+    bounds = cu_q.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
+        n = end - start
+        idx = torch.arange(n)
+        keep = idx[None, :] <= idx[:, None] if causal else torch.ones(n, n, dtype=torch.bool)
+        if left >= 0:
+            keep = keep & (idx[:, None] - idx[None, :] <= left)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale,
+                                                                     enable_gqa=gqa).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def _kernel_newest(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1),
+                   enable_gqa=False, seqused_k=None):
+    return _reference_kernel(q, k, v, cu_q, max_q, causal=window_size[1] == 0, left=window_size[0], scale=scale,
+                             gqa=enable_gqa)
+
+
+def _kernel_windowed(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+    return _reference_kernel(q, k, v, cu_q, max_q, causal=window_size[1] == 0, left=window_size[0], scale=scale,
+                             gqa=False)
+
+
+def _kernel_causal_flag(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None):
+    return _reference_kernel(q, k, v, cu_q, max_q, causal=is_causal, left=-1, scale=None, gqa=False)
+
+
+@pytest.mark.parametrize("kernel", [_kernel_newest, _kernel_windowed, _kernel_causal_flag])
+@pytest.mark.parametrize("kv_heads", [2, 4])
+@pytest.mark.parametrize("window, scale", [(None, None), (3, None), (None, 0.2)])
+def test_fused_call_adapts_to_each_torch_varlen_signature(kernel, kv_heads, window, scale):
+    """torch's varlen function takes different keywords across releases (is_causal only; scale and window_size;
+    plus enable_gqa); each is called so that it computes the per-sequence causal attention, or declined (None)
+    where it cannot express the call."""
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
+    q, k, v = torch.randn(1, 4, 13, 8, dtype=torch.float64), *torch.randn(2, 1, kv_heads, 13, 8, dtype=torch.float64)
+    expected = va._per_sequence(q, k, v, cu, scale if scale is not None else 8**-0.5, window)
+    got = va.fused_call(kernel, *(t[0].transpose(0, 1) for t in (q, k, v)), cu, 7,
+                        scale if scale is not None else 8**-0.5, window)
+    declines = kernel is _kernel_causal_flag and (window is not None or scale is not None)
+    if declines:
+        assert got is None
+    else:
+        torch.testing.assert_close(got.unsqueeze(0), expected, rtol=0, atol=1e-12)
+
+
+def test_fp32_compute_takes_the_per_sequence_path(monkeypatch):
+    """torch's fused varlen kernel is a flash kernel (fp16/bf16 only; on an H200 fp32 raised 'FlashAttention only
+    support fp16 and bf16'): float32 inputs are declined before it is called, bf16 inputs reach it."""
+    calls = []
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+        calls.append(q.dtype)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(va, "torch_varlen_kernel", lambda: kernel)
+    q, cu = torch.randn(1, 4, 6, 8), torch.tensor([0, 2, 6], dtype=torch.int32)
+    assert va._fused(q, q, q, cu, 4, 8**-0.5, None) is None and calls == []
+    half = q.bfloat16()
+    assert va._fused(half, half, half, cu, 4, 8**-0.5, None).shape == (1, 6, 4, 8)
+    assert calls == [torch.bfloat16]
+
+
 def test_device_policy(monkeypatch):
     monkeypatch.delenv("VERL_REMOVE_PADDING_MODE", raising=False)
     assert va.packs_with_varlen_attention("cuda") and va.packs_with_varlen_attention("npu")

@@ -19,6 +19,7 @@ The sequence borders come from the ``cu_seq_lens_q`` / ``max_length_q`` keywords
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -89,13 +90,51 @@ def _per_sequence(query, key, value, cu_seqlens, scaling, sliding_window):
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
+def _kernel_keywords(kernel) -> frozenset:
+    """The keyword arguments ``kernel`` accepts. torch's varlen function changed between releases: one form takes
+    ``is_causal`` and nothing else, a later one ``scale`` and ``window_size`` (causal = ``(-1, 0)``), the newest
+    also ``enable_gqa``; each is called with what it has."""
+    try:
+        return frozenset(inspect.signature(kernel).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def fused_call(kernel, query, key, value, cu_seqlens, max_len: int, scaling, sliding_window):
+    """Causal attention of packed (T, H, D) tensors through torch's varlen ``kernel``, or None where this
+    kernel cannot express the call (a sliding window or a non-default scale it has no argument for); the caller
+    then takes the per-sequence path. Grouped-query heads are repeated for a kernel without ``enable_gqa``."""
+    params = _kernel_keywords(kernel)
+    head_dim = query.shape[-1]
+    kwargs = {}
+    if "window_size" in params:
+        kwargs["window_size"] = (sliding_window - 1, 0) if sliding_window else (-1, 0)
+    elif "is_causal" in params and not sliding_window:
+        kwargs["is_causal"] = True
+    else:
+        return None
+    if "scale" in params:
+        kwargs["scale"] = scaling
+    elif scaling is not None and abs(scaling - head_dim**-0.5) > 1e-12:
+        return None
+    if query.shape[1] != key.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            group = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return kernel(query, key, value, cu_seqlens, cu_seqlens, max_len, max_len, **kwargs)
+
+
+FUSED_DTYPES = (torch.float16, torch.bfloat16)  # the flash kernel behind torch's varlen function takes only these
+
+
 def _fused(query, key, value, cu_seqlens, max_len, scaling, sliding_window):
-    kernel = torch_varlen_kernel()
+    if query.dtype not in FUSED_DTYPES:  # fp32 compute keeps the exact per-sequence path
+        return None
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D)
-    window = (sliding_window - 1, 0) if sliding_window else (-1, 0)
-    out = kernel(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, scale=scaling, window_size=window,
-                 enable_gqa=q.shape[1] != k.shape[1])
-    return out.unsqueeze(0)
+    out = fused_call(torch_varlen_kernel(), q, k, v, cu_seqlens, max_len, scaling, sliding_window)
+    return None if out is None else out.unsqueeze(0)
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -119,9 +158,10 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
     sliding_window = kwargs.get("sliding_window")
     if max_len is None:
         max_len = int((cu[1:] - cu[:-1]).max())
+    out = None
     if query.is_cuda and torch_varlen_kernel() is not None:
         out = _fused(query, key, value, cu.to(query.device, torch.int32), int(max_len), scaling, sliding_window)
-    else:
+    if out is None:
         out = _per_sequence(query, key, value, cu, scaling, sliding_window)
     return out, None
 
