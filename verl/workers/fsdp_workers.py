@@ -53,6 +53,7 @@ from verl.workers.engine.config import (EngineConfig, actor_engine_config, criti
 from verl.workers.rollout import get_rollout_class
 from verl.workers.rollout.engine_group import EngineGroupLeader, follow_engine_leader, new_engine_groups
 from verl.workers.rollout.layout import RolloutLayout, check_rollout_parallel, rollout_layout
+from verl.workers.rollout.utils import resolve_special_tokens
 from verl.workers.sharding_manager import FSDPRolloutShardingManager
 from verl.workers.sharding_manager.fsdp_rollout import iter_base_tensors, iter_lora_adapter_tensors
 from verl.workers.worker_utils import (build_device_mesh, init_distributed, load_tokenizer, max_across_ranks,
@@ -334,17 +335,10 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
                 self._engine_leader.finish()
 
     def _eos_token_id(self):
-        for src in (self.generation_config, self.tokenizer):
-            eos = getattr(src, "eos_token_id", None)
-            if eos is not None:
-                return eos
-        return None
+        return resolve_special_tokens(self.generation_config, self.tokenizer)[0]
 
     def _pad_token_id(self):
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(self.generation_config, "pad_token_id", None)
-        return pad
+        return resolve_special_tokens(self.generation_config, self.tokenizer)[1]
 
     # ------------------------------------------------------------------------------------ log probs
     def _log_prob_meta(self, data: DataProto, section: str) -> None:

@@ -180,3 +180,37 @@ def test_strip_wrapper_prefixes_works_on_whole_segments():
     assert _strip_wrapper_prefixes("_fsdp_wrapped_module.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
     assert _strip_wrapper_prefixes("module._orig_mod.lm_head.weight") == "lm_head.weight"
     assert _strip_wrapper_prefixes("model.my_module.weight") == "model.my_module.weight"
+
+
+@pytest.mark.parametrize("config, override", [
+    (dict(temperature=0.7, top_p=0.9, top_k=20), {}),
+    (dict(temperature=0.7, top_p=0.9, top_k=20), {"do_sample": False}),
+    (dict(temperature=0.0, top_p=0.5), {}),
+    ({}, {"do_sample": True}),
+])
+def test_batch_and_request_paths_resolve_sampling_alike(config, override):
+    """One builder for both paths: a batch call (``generate_sequences``) and a request (agent loop / async server)
+    with the same config and the same override get the same temperature, top-p, top-k and greedy switch."""
+    from verl.workers.rollout.async_server import request_sampling_params
+
+    batch = sampling_params_for(config, dict(override))
+    request = request_sampling_params(dict(config, response_length=8), override)
+    assert {k: batch[k] for k in ("temperature", "top_p", "top_k", "do_sample")} == \
+        {k: request[k] for k in ("temperature", "top_p", "top_k", "do_sample")}
+    greedy = config.get("temperature", 1.0) <= 0 or override.get("do_sample") is False
+    assert batch["do_sample"] is (not greedy) and (batch["temperature"] == 0.0) is greedy
+    assert request["max_tokens"] == 8 and "n" not in request
+
+
+def test_special_tokens_resolve_in_one_order():
+    """One EOS/pad resolution for every rollout and the workers: the first source that sets each wins; a missing
+    pad token falls back to the first EOS id, then 0."""
+    from types import SimpleNamespace as NS
+
+    from verl.workers.rollout.utils import resolve_special_tokens
+
+    gen, tok = NS(eos_token_id=[7, 8], pad_token_id=None), NS(eos_token_id=2, pad_token_id=3)
+    assert resolve_special_tokens(gen, tok) == ([7, 8], 3)
+    assert resolve_special_tokens(None, tok, gen) == (2, 3)
+    assert resolve_special_tokens(gen) == ([7, 8], 7)
+    assert resolve_special_tokens(NS(), None) == (None, 0)

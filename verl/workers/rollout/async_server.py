@@ -30,6 +30,7 @@ from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
 
 from .base import BaseRollout
+from .utils import SAMPLING_KEYS, resolve_sampling
 
 __all__ = ["TokenOutput", "RolloutRequest", "AsyncRolloutServer", "request_sampling_params"]
 
@@ -63,18 +64,12 @@ def request_sampling_params(config: Any, sampling_params: Optional[dict] = None)
     """
     sp = dict(sampling_params or {})
     max_tokens = sp.get("max_tokens", sp.get("max_new_tokens", None))
-    params = dict(
-        temperature=float(sp.get("temperature", cfg_get(config, "temperature", 1.0))),
-        top_p=float(sp.get("top_p", cfg_get(config, "top_p", 1.0))),
-        top_k=int(sp.get("top_k", cfg_get(config, "top_k", -1))),
-        do_sample=bool(sp.get("do_sample", cfg_get(config, "do_sample", True))),
-        max_tokens=int(max_tokens if max_tokens is not None else cfg_get(config, "response_length", 512)),
-        ignore_eos=bool(sp.get("ignore_eos", cfg_get(config, "ignore_eos", False))),
-    )
+    params = resolve_sampling(config, {k: sp.get(k) for k in SAMPLING_KEYS})
+    del params["n"]  # a request is one sample
+    params.update(max_tokens=int(max_tokens if max_tokens is not None else cfg_get(config, "response_length", 512)),
+                  ignore_eos=bool(sp.get("ignore_eos", cfg_get(config, "ignore_eos", False))))
     if params["max_tokens"] < 1:
         raise ValueError(f"sampling_params max_tokens={params['max_tokens']} must be >= 1")
-    if not params["do_sample"] or params["temperature"] <= 0:
-        params.update(do_sample=False, temperature=0.0, top_p=1.0, top_k=-1)
     return params
 
 

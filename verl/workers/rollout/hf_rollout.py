@@ -37,7 +37,7 @@ from verl.utils.tokenizer import hf_processor
 
 from .async_server import TokenOutput
 from .base import BaseRollout
-from .utils import (eos_id_list, filter_logits_top_k_top_p, pad_right, resolve_torch_dtype,
+from .utils import (eos_id_list, filter_logits_top_k_top_p, pad_right, resolve_special_tokens, resolve_torch_dtype,
                     response_mask_from_eos, sampling_params_for)
 
 __all__ = ["HFRollout"]
@@ -101,15 +101,8 @@ class HFRollout(BaseRollout):
         self.module.requires_grad_(False)
         self._never_sample = never_sampled_token_ids(getattr(self.module, "config", None))
 
-        eos = pad = None
-        for src in (generation_config, getattr(self.module, "generation_config", None), tokenizer,
-                    getattr(self.module, "config", None)):
-            if src is None:
-                continue
-            eos = eos if eos is not None else getattr(src, "eos_token_id", None)
-            pad = pad if pad is not None else getattr(src, "pad_token_id", None)
-        self.eos_token_id = eos
-        self.pad_token_id = pad if pad is not None else (eos_id_list(eos) or [0])[0]
+        self.eos_token_id, self.pad_token_id = resolve_special_tokens(generation_config, getattr(self.module, "generation_config", None), tokenizer,
+                    getattr(self.module, "config", None))
         self.last_update_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------ weights

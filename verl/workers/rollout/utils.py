@@ -15,6 +15,8 @@ __all__ = [
     "response_mask_from_eos",
     "pad_right",
     "sampling_params_for",
+    "resolve_sampling",
+    "resolve_special_tokens",
 ]
 
 _DTYPES = {
@@ -85,25 +87,52 @@ def filter_logits_top_k_top_p(logits: torch.Tensor, top_k: int = -1, top_p: floa
     return logits
 
 
-def sampling_params_for(config: Any, meta_info: dict) -> dict:
-    """Resolve the sampling settings for one ``generate_sequences`` call, the way verl does.
+def resolve_special_tokens(*sources: Any) -> tuple[Any, int]:
+    """``(eos_token_id, pad_token_id)`` from the first of ``sources`` (generation config, tokenizer, model config,
+    in the caller's order of precedence; None entries skipped) that sets each. The EOS may be a list; a missing pad
+    token falls back to the first EOS id, then 0 (the padding value of left-padded prompts)."""
+    eos = pad = None
+    for src in sources:
+        if src is None:
+            continue
+        eos = eos if eos is not None else getattr(src, "eos_token_id", None)
+        pad = pad if pad is not None else getattr(src, "pad_token_id", None)
+    return eos, int(pad if pad is not None else (eos_id_list(eos) or [0])[0])
 
-    * training (default): ``n``, ``temperature``, ``top_p``, ``top_k``, ``do_sample`` from the rollout config;
-    * ``meta_info["validate"]``: the same keys from ``rollout.val_kwargs`` with ``n=1`` (the validation loop
-      repeats the prompts ``val_kwargs.n`` times itself);
-    * ``do_sample=False`` (config or ``meta_info["do_sample"]``): greedy, ``n=1``.
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
+# the rollout section's own defaults (the schema's) for a config that leaves a sampling key out
+_SAMPLING_DEFAULTS = dict(n=1, temperature=1.0, top_p=1.0, top_k=-1, do_sample=True)
+_VALIDATION_DEFAULTS = dict(n=1, temperature=0.0, top_p=1.0, top_k=-1, do_sample=False)
+
+
+def resolve_sampling(config: Any, overrides: dict | None = None, *, validate: bool = False) -> dict:
+    """The one place where sampling settings are resolved, for the batch path (``generate_sequences``) and the
+    request path (``AsyncRolloutServer.generate``, agent loops).
+
+    Base values: ``n``, ``temperature``, ``top_p``, ``top_k``, ``do_sample`` of the rollout config, or of
+    ``rollout.val_kwargs`` when ``validate`` (then ``n=1``: the validation loop repeats prompts itself). Keys of
+    ``overrides`` that are not None replace them. ``do_sample=False`` or a temperature of 0 means greedy: ``n=1``
+    where sampling was turned off, temperature 0, no top-p/top-k (log-probs then at temperature 1).
     """
-    if meta_info.get("validate", False):
-        src = cfg_get(config, "val_kwargs", {})
-        params = dict(n=1, temperature=float(cfg_get(src, "temperature", 0.0)), top_p=float(cfg_get(src, "top_p", 1.0)),
-                      top_k=int(cfg_get(src, "top_k", -1)), do_sample=bool(cfg_get(src, "do_sample", False)))
-    else:
-        params = dict(n=int(cfg_get(config, "n", 1)), temperature=float(cfg_get(config, "temperature", 1.0)),
-                      top_p=float(cfg_get(config, "top_p", 1.0)), top_k=int(cfg_get(config, "top_k", -1)),
-                      do_sample=bool(cfg_get(config, "do_sample", True)))
-    if "do_sample" in meta_info and meta_info["do_sample"] is not None and not meta_info.get("validate", False):
-        params["do_sample"] = bool(meta_info["do_sample"])
+    src = cfg_get(config, "val_kwargs", {}) if validate else config
+    defaults = _VALIDATION_DEFAULTS if validate else _SAMPLING_DEFAULTS
+    params = {k: cfg_get(src, k, default) for k, default in defaults.items()}
+    if validate:
+        params["n"] = 1
+    params.update({k: v for k, v in (overrides or {}).items() if k in defaults and v is not None})
+    params = dict(n=int(params["n"]), temperature=float(params["temperature"]), top_p=float(params["top_p"]),
+                  top_k=int(params["top_k"]), do_sample=bool(params["do_sample"]))
     if not params["do_sample"] or params["temperature"] <= 0:
         params.update(n=1 if not params["do_sample"] else params["n"], do_sample=False, temperature=0.0,
                       top_p=1.0, top_k=-1)
     return params
+
+
+def sampling_params_for(config: Any, meta_info: dict) -> dict:
+    """Sampling settings of one ``generate_sequences`` call, the way verl does: the rollout config's (training),
+    ``rollout.val_kwargs`` with ``n=1`` when ``meta_info["validate"]``, and a ``meta_info["do_sample"]`` of a
+    training call overriding the config's (see :func:`resolve_sampling`)."""
+    validate = bool(meta_info.get("validate", False))
+    return resolve_sampling(config, None if validate else {"do_sample": meta_info.get("do_sample")},
+                            validate=validate)

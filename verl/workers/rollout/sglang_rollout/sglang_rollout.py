@@ -30,7 +30,7 @@ from verl.protocol import DataProto
 from verl.utils.config import cfg_get
 
 from ..base import BaseRollout
-from ..utils import eos_id_list, resolve_torch_dtype, sampling_params_for
+from ..utils import eos_id_list, resolve_special_tokens, resolve_torch_dtype, sampling_params_for
 
 __all__ = ["SGLangRollout", "check_sglang_available", "sglang_sampling_params", "bucket_named_tensors"]
 
@@ -119,14 +119,7 @@ class SGLangRollout(BaseRollout):
         self.engine_kwargs = _engine_kwargs(config, str(model_path), trust_remote_code)
         self.engine = sglang.Engine(**self.engine_kwargs)
         self._released = False
-        eos = pad = None
-        for src in (generation_config, tokenizer, model_hf_config):
-            if src is None:
-                continue
-            eos = eos if eos is not None else getattr(src, "eos_token_id", None)
-            pad = pad if pad is not None else getattr(src, "pad_token_id", None)
-        self.eos_token_id = eos
-        self.pad_token_id = pad if pad is not None else (eos_id_list(eos) or [0])[0]
+        self.eos_token_id, self.pad_token_id = resolve_special_tokens(generation_config, tokenizer, model_hf_config)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         buckets = list(bucket_named_tensors(((n, t.detach()) for n, t in named_tensors), self.bucket_bytes))

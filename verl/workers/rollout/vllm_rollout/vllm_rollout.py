@@ -45,7 +45,7 @@ from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, p
 
 from ..async_server import TokenOutput
 from ..base import BaseRollout
-from ..utils import eos_id_list, resolve_torch_dtype, sampling_params_for
+from ..utils import eos_id_list, resolve_special_tokens, resolve_torch_dtype, sampling_params_for
 from .direct_load import direct_load, direct_load_blocker, direct_load_tp_pieces
 from .lora_adapter import default_adapter_root, vllm_max_lora_rank, write_adapter_dir
 
@@ -245,14 +245,7 @@ class vLLMRollout(BaseRollout):
 
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        eos = pad = None
-        for src in (generation_config, tokenizer, hf_config):
-            if src is None:
-                continue
-            eos = eos if eos is not None else getattr(src, "eos_token_id", None)
-            pad = pad if pad is not None else getattr(src, "pad_token_id", None)
-        self.eos_token_id = eos
-        self.pad_token_id = pad if pad is not None else (eos_id_list(eos) or [0])[0]
+        self.eos_token_id, self.pad_token_id = resolve_special_tokens(generation_config, tokenizer, hf_config)
         self.last_update_stats: dict[str, float] = {}
         self.push_path: str | None = None  # "direct" or "reload", fixed at the first push (see update_weights)
         parallel = self.llm.llm_engine.vllm_config.parallel_config
