@@ -101,6 +101,18 @@ def test_quickstart_runs_all_stages_and_grpo_learns(quickstart):
     assert sum("Config: algorithm.adv_estimator=grpo" in line for line in grpo_log) == 1
     assert not any("'actor_rollout_ref': {" in line for line in grpo_log)
 
+    # the CPU host default that skips verl's separate old-log-prob pass (one epoch, one mini-batch): the old
+    # log-probs come from the update's own forward (PPO ratio exactly 1 there), and the sync metric and the entropy
+    # still arrive every step, over every row of the batch
+    assert any("old_log_prob_source: trainer -> update" in line for line in grpo_log)
+    steps = [json.loads(line)["data"] for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "timing_s/step" in m]
+    assert len(steps) == GRPO_STEPS
+    for m in steps:
+        assert "timing_s/old_log_prob" not in m
+        assert m["training/rollout_probs_diff_max"] <= 1e-3 and m["training/rollout_probs_diff_rows"] == 32 * 8
+        assert m["actor/ppo_kl"] == 0.0 and m["actor/pg_clipfrac"] == 0.0 and m["actor/entropy"] > 0
+
     # learning: greedy accuracy on the 600 held-out prompts, SFT model -> after GRPO
     if ROLLOUT != "vllm":
         return  # the threshold was measured with the vLLM rollout (sampling differs from HF generate)
