@@ -7,6 +7,11 @@ from typing import Any, Iterable
 import torch
 
 from verl.utils.config import cfg_get
+from verl.utils.torch_dtypes import to_torch_dtype
+
+# the one dtype resolver ('bf16' / 'bfloat16' / 'fp32' / torch.float16 ... -> torch.dtype), under the name the
+# rollout engines import
+resolve_torch_dtype = to_torch_dtype
 
 __all__ = [
     "resolve_torch_dtype",
@@ -18,25 +23,6 @@ __all__ = [
     "resolve_sampling",
     "resolve_special_tokens",
 ]
-
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
-
-
-
-def resolve_torch_dtype(dtype: Any, default: torch.dtype = torch.float32) -> torch.dtype:
-    """'bfloat16' / 'bf16' / 'fp32' / torch.float16 ... -> torch.dtype."""
-    if dtype is None:
-        return default
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    key = str(dtype).lower().replace("torch.", "")
-    if key not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of float32/fp32, bfloat16/bf16, float16/fp16")
-    return _DTYPES[key]
 
 
 def eos_id_list(eos_token_id: Any) -> list[int]:
