@@ -182,7 +182,6 @@ def test_sft_values_name_the_key(assets, override, message):
 @pytest.mark.parametrize("override, message", [
     ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2", "num_repeat_rollouts=2 is not supported"),
     ("actor_rollout_ref.model.lora_adapter_path=/tmp/adapter", "lora_adapter_path='/tmp/adapter' is not supported"),
-    ("actor_rollout_ref.model.custom_chat_template=x", "custom_chat_template='x' is not supported: .*data.chat_template"),
     ("actor_rollout_ref.model.enable_activation_offload=true", "enable_activation_offload=True is not supported"),
     ("actor_rollout_ref.actor.optim.total_training_steps=100", "set trainer.total_training_steps instead"),
     ("actor_rollout_ref.actor.rollout_n=4", "actor.rollout_n=4 is not supported: .*actor_rollout_ref.rollout.n"),

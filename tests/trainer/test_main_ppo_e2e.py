@@ -53,6 +53,9 @@ def assets(tmp_path_factory):
             "test": root / "test.parquet", "reward": root / "reward.py"}
 
 
+TEMPLATE = "<<{% for m in messages %}{{ m['content'] }}{% endfor %}>>"
+
+
 def quickstart_args(a, steps=2):
     """verl's PPO quickstart command line, scaled down to the tiny model and CPU workers."""
     return [
@@ -164,6 +167,9 @@ def test_grpo_n4_kl_loss(assets, tmp_path):
         # FSDP engine and HF generate underneath, counting their calls (tests/trainer/registry_plugin.py)
         "actor_rollout_ref.model.external_lib=my_verl_plugin", "actor_rollout_ref.actor.strategy=my_strategy",
         "actor_rollout_ref.rollout.name=my_rollout",
+        # verl's custom chat template: the prompts are rendered with it (the dumped rollouts show its markers)
+        f"actor_rollout_ref.model.custom_chat_template=\"{TEMPLATE}\"",
+        f"trainer.rollout_data_dir={tmp_path / 'grpo' / 'rollouts'}",
     ]
     lib = tmp_path / "lib"
     write_plugin(lib)
@@ -184,6 +190,8 @@ def test_grpo_n4_kl_loss(assets, tmp_path):
     assert metrics[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # actor == reference at step 1
     assert metrics[3]["actor/kl_loss"] > 0  # the actor moved away from the reference
     check_step_1_traces(run / "profile")
+    rows = [json.loads(line) for line in (run / "rollouts" / "1.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 4 and all(r["input"].lstrip().startswith("<<") and ">>" in r["input"] for r in rows), rows[0]
 
 
 def trace_names(path):

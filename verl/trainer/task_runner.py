@@ -154,6 +154,11 @@ def load_tokenizer_and_processor(config: DictConfig):
     trust = bool(config.data.get("trust_remote_code", False) or model_cfg.get("trust_remote_code", False))
     tokenizer = hf_tokenizer(path, trust_remote_code=trust)
     processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
+    template = model_cfg.get("custom_chat_template")
+    if template is not None:  # the prompts are rendered with it too (data.chat_template, when set, still wins)
+        tokenizer.chat_template = template
+        if processor is not None:
+            processor.chat_template = template
     return tokenizer, processor
 
 

@@ -134,7 +134,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         section = "actor" if self._is_actor else "rollout" if self._is_rollout else "ref"
         DistProfilerExtension.__init__(self, DistProfiler(self.rank, (self.config.get(section) or {}).get("profiler")))
 
-        init_distributed()
+        init_distributed(self.config.get("nccl_timeout"))
         prefix = "actor_rollout_ref"
         actor_cfg = self.config.get("actor")
         self.dp_size = _register_sp_dispatch(self, "actor", self.actor_config)  # ranks that hold different rows
@@ -194,7 +194,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         the rollout engine and the hybrid-engine sharding manager."""
         model_cfg = self.model_config
         trust = model_cfg.trust_remote_code
-        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or self._model_path(), trust)
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or self._model_path(), trust,
+                                        model_cfg.custom_chat_template)
         self.generation_config = get_generation_config(self._model_path(), trust)
         fsdp_size = self.actor_config.fsdp_config.fsdp_size
         self.device_mesh = build_device_mesh(dist.get_world_size(), fsdp_size)  # FSDP shards over every rank

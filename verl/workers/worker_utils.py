@@ -3,6 +3,7 @@ reductions, tokenizer loading."""
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import torch
@@ -16,11 +17,14 @@ __all__ = ["init_distributed", "build_device_mesh", "load_tokenizer", "max_acros
            "same_tokenizer"]
 
 
-def init_distributed() -> None:
-    """Join the worker group's process group (env:// from RANK/WORLD_SIZE/MASTER_*) and bind the device."""
+def init_distributed(timeout_seconds: float | None = None) -> None:
+    """Join the worker group's process group (env:// from RANK/WORLD_SIZE/MASTER_*) and bind the device.
+    ``timeout_seconds`` (``actor_rollout_ref.nccl_timeout``): how long a collective may wait before it fails; None
+    keeps torch's default. The first role of a process to join sets it (colocated roles share the group)."""
     if not dist.is_initialized():
+        timeout = {} if timeout_seconds is None else {"timeout": datetime.timedelta(seconds=float(timeout_seconds))}
         dist.init_process_group(backend=get_dist_backend(), rank=int(os.environ.get("RANK", "0")),
-                                world_size=int(os.environ.get("WORLD_SIZE", "1")))
+                                world_size=int(os.environ.get("WORLD_SIZE", "1")), **timeout)
     set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
@@ -33,8 +37,13 @@ def local_path(path: str) -> str:
     return os.path.abspath(os.path.expanduser(str(path)))
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    return AutoTokenizer.from_pretrained(local_path(path), trust_remote_code=trust_remote_code)
+def load_tokenizer(path: str, trust_remote_code: bool = False, chat_template: str | None = None):
+    """The tokenizer at ``path``; ``chat_template`` (``actor_rollout_ref.model.custom_chat_template``) replaces its
+    own chat template, so the agent loops render their turns with it."""
+    tokenizer = AutoTokenizer.from_pretrained(local_path(path), trust_remote_code=trust_remote_code)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def _reduce(values: list[float], op) -> list[float]:

@@ -56,9 +56,10 @@ class ModelConfig(Section):
     use_shm: bool = key(False, "copy the model to /dev/shm once per machine and load every role and the rollout "
                                "engine from there", read_in=(WORKERS, ENGINE))
     trust_remote_code: bool = key(False, "allow model code from the checkpoint", read_in=(WORKERS, MAIN))
-    custom_chat_template: Optional[str] = key(None, "a chat template replacing the tokenizer's",
-                                              unsupported="not applied to the policy's tokenizer; set "
-                                                          "+data.chat_template=<template> for the prompts instead")
+    custom_chat_template: Optional[str] = key(None, "a Jinja chat template replacing the tokenizer's (and the "
+                                                    "processor's): the prompts and the agent loops' turns are "
+                                                    "rendered with it; data.chat_template, when set, wins for the "
+                                                    "prompts", read_in=(WORKERS, RUNNER))
     external_lib: Optional[str] = key(None, "module imported first (registers custom model classes)", read_in=(RUNNER,))
     override_config: dict = key({}, "free-form overrides of the HF model config (e.g. attn_implementation)",
                                 read_in=(WORKERS, MODEL))

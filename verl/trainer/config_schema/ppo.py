@@ -9,7 +9,7 @@ from typing import Optional, Union
 from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
 from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, RUNNER,
-                                               TRACKING, CHECKPOINTING, TRAINER, VALIDATION)
+                                               TRACKING, CHECKPOINTING, TRAINER, VALIDATION, WORKERS)
 from verl.trainer.config_schema.profiler import GlobalProfilerConfig
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, key, section
@@ -100,8 +100,8 @@ class DataConfig(Section):
 class ActorRolloutRefConfig(Section):
     hybrid_engine: bool = key(True, "actor and rollout share processes",
                               unsupported="actor and rollout always share processes here; leave true")
-    nccl_timeout: int = key(600, "process-group timeout in seconds", gt=0,
-                            unsupported="the process group uses torch's default timeout here; remove the override")
+    nccl_timeout: int = key(600, "process-group timeout in seconds: a collective (gather, all-reduce) that waits "
+                                 "longer fails instead of hanging", gt=0, read_in=(WORKERS,))
     model: ModelConfig = section(ModelConfig)
     actor: ActorConfig = section(ActorConfig)
     ref: RefConfig = section(RefConfig)
