@@ -41,21 +41,16 @@ from typing import Any, Optional
 import numpy as np
 import ray
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from verl.experimental.agent_loop.metrics import agent_loop_metrics
 from verl.protocol import DataProto, WorkerError, pad_dataproto_to_divisor, unpad_dataproto
-from verl.single_controller.ray import (
-    RayClassWithInitArgs,
-    RayWorkerGroup,
-    ResourcePoolManager,
-    create_colocated_worker_cls,
-)
+from verl.single_controller.ray import RayWorkerGroup, ResourcePoolManager
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.checkpoint import CheckpointMixin, stopped_run_error
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
-from verl.trainer.ppo.dataloader import build_dataloader, release_loader_workers
+from verl.trainer.ppo.dataloader import release_loader_workers
 from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
@@ -63,6 +58,8 @@ from verl.trainer.ppo.metric_utils import (
     reduce_metrics,
 )
 from verl.trainer.ppo.profiling import ProfilingMixin
+from verl.trainer.ppo.trainer_data import TrainerDataMixin
+from verl.trainer.ppo.worker_groups import WorkerGroupsMixin
 from verl.trainer.ppo.reward import compute_reward, compute_reward_async
 from verl.trainer.ppo.rollout_corr import compute_rollout_is_weights, on_policy_metrics
 from verl.trainer.ppo.utils import (
@@ -74,8 +71,6 @@ from verl.trainer.ppo.utils import (
     rollout_probs_diff_metrics,
 )
 from verl.trainer.ppo.validation import ValidationMixin, _val_metric_names  # noqa: F401 (re-exported)
-from verl.utils.dataset.rl_dataset import collate_fn as default_collate
-from verl.utils.dataset.rl_dataset import create_rl_dataset, create_rl_sampler
 from verl.utils.device import resolve_device
 from verl.utils.padding import response_attention_mask
 from verl.utils.plotting import plot_training_curves, plottable_metrics
@@ -106,7 +101,7 @@ def compute_response_mask(data: DataProto) -> torch.Tensor:
     return response_attention_mask(data)
 
 
-class RayPPOTrainer(CheckpointMixin, ValidationMixin, ProfilingMixin):
+class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, ValidationMixin, ProfilingMixin):
     """PPO / GRPO driver over Ray worker groups (see the module docstring for the features)."""
 
     def __init__(
@@ -159,103 +154,6 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin, ProfilingMixin):
         self.metric_history: list[tuple[int, dict]] = []  # plotted at the end of fit()
         self.logger: Optional[Tracking] = None
         self._create_dataloader(train_dataset, val_dataset, collate_fn, train_sampler)
-
-    # ------------------------------------------------------------------------------------------ setup
-    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
-        data_cfg = self.config.data
-        if train_dataset is None or val_dataset is None or collate_fn is None:
-            if train_dataset is None:
-                train_dataset = create_rl_dataset(data_cfg.train_files, data_cfg, self.tokenizer, self.processor)
-            if val_dataset is None:
-                val_dataset = create_rl_dataset(data_cfg.val_files, data_cfg, self.tokenizer, self.processor,
-                                                is_train=False)
-            if train_sampler is None:
-                train_sampler = create_rl_sampler(data_cfg, train_dataset)
-            collate_fn = collate_fn or default_collate
-        self.train_dataset, self.val_dataset = train_dataset, val_dataset
-        seed = data_cfg.get("seed", None)
-        seed = 1 if seed is None else int(seed)
-        # on CPU, loader processes would only compete with the workers for the same cores
-        num_workers = 0 if self.device_name == "cpu" else int(data_cfg.get("dataloader_num_workers", 0) or 0)
-        loader_bsz, loader_bsz_key = self._loader_batch()
-        self.train_dataloader = build_dataloader(
-            train_dataset, loader_bsz, sampler=train_sampler, collate_fn=collate_fn,
-            num_workers=num_workers, drop_last=True, shuffle=bool(data_cfg.get("shuffle", True)), seed=seed,
-        )
-        val_bsz = data_cfg.get("val_batch_size", None) or len(val_dataset)
-        self.val_dataloader = build_dataloader(
-            val_dataset, int(val_bsz), collate_fn=collate_fn, num_workers=num_workers, drop_last=False,
-            shuffle=bool(data_cfg.get("validation_shuffle", False)), seed=seed,
-        )
-        if len(self.train_dataloader) < 1:
-            raise ValueError(f"the train set has {len(train_dataset)} rows, fewer than {loader_bsz_key}="
-                             f"{loader_bsz}: no full batch")
-        print(f"Size of train dataloader: {len(self.train_dataloader)}, val dataloader: {len(self.val_dataloader)}")
-
-        total = len(self.train_dataloader) * int(self.config.trainer.total_epochs)
-        if self.config.trainer.get("total_training_steps", None) is not None:
-            total = int(self.config.trainer.total_training_steps)
-        self.total_training_steps = total
-        print(f"Total training steps: {self.total_training_steps}")
-        with open_dict(self.config):  # the workers' LR schedules need the step count
-            self.config.actor_rollout_ref.actor.optim.total_training_steps = total
-            if self.use_critic:
-                self.config.critic.optim.total_training_steps = total
-
-    def _loader_batch(self) -> tuple[int, str]:
-        """(prompts per training-loader batch, the key that sets it). A recipe that draws more prompts than it
-        trains on per step (DAPO's dynamic sampling: ``data.gen_batch_size``) overrides this."""
-        return int(self.config.data.train_batch_size), "data.train_batch_size"
-
-    def _worker_specs(self) -> list[tuple[Role, str, dict]]:
-        """(role, worker-group name, init kwargs) of every worker group this trainer runs."""
-        specs = [(Role.ActorRollout, "actor_rollout", dict(config=self.config.actor_rollout_ref, role="actor_rollout"))]
-        if self.use_critic:
-            specs.append((Role.Critic, "critic", dict(config=self.config.critic)))
-        if self.use_reference_policy and not self.ref_in_actor:
-            specs.append((Role.RefPolicy, "ref", dict(config=self.config.actor_rollout_ref, role="ref")))
-        if self.use_rm:
-            specs.append((Role.RewardModel, "rm", dict(config=self.config.reward_model)))
-        return specs
-
-    def _spawn_worker_groups(self, specs: list[tuple[Role, str, dict]]) -> dict[str, Any]:
-        """Create the resource pools and one colocated worker group per pool for ``specs``; by name."""
-        self.resource_pool_manager.create_resource_pool()
-        pool_to_classes: dict[Any, dict[str, RayClassWithInitArgs]] = {}
-        for which, name, init_kwargs in specs:
-            pool = self.resource_pool_manager.get_resource_pool(which)
-            pool_to_classes.setdefault(pool, {})[name] = RayClassWithInitArgs(cls=self.role_worker_mapping[which],
-                                                                              **init_kwargs)
-        timeout = int(self.config.trainer.get("ray_wait_register_center_timeout", 300))
-        all_wg: dict[str, Any] = {}
-        self.wg_dicts = []
-        for pool, class_dict in pool_to_classes.items():
-            worker_dict_cls = create_colocated_worker_cls(class_dict=class_dict)
-            wg_dict = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=worker_dict_cls,
-                                                ray_wait_register_center_timeout=timeout)
-            all_wg.update(wg_dict.spawn(prefix_set=class_dict.keys()))
-            self.wg_dicts.append(wg_dict)
-        return all_wg
-
-    def init_workers(self) -> None:
-        """Create the resource pools and one colocated worker group per pool, then build the models."""
-        all_wg = self._spawn_worker_groups(self._worker_specs())
-
-        self.critic_wg = self.ref_policy_wg = self.rm_wg = None
-        if self.use_critic:
-            self.critic_wg = all_wg["critic"]
-            self.critic_wg.init_model()
-        if self.use_reference_policy and not self.ref_in_actor:
-            self.ref_policy_wg = all_wg["ref"]
-            self.ref_policy_wg.init_model()
-        if self.use_rm:
-            self.rm_wg = all_wg["rm"]
-            self.rm_wg.init_model()
-        # the actor last: a vLLM rollout sizes its KV cache from the memory the other roles left
-        self.actor_rollout_wg = all_wg["actor_rollout"]
-        self.actor_rollout_wg.init_model()
-        if self.ref_in_actor and self.use_reference_policy:
-            self.ref_policy_wg = self.actor_rollout_wg
 
     # -------------------------------------------------------------------------------------- training
     def fit(self) -> None:
