@@ -241,17 +241,28 @@ def _rollout_layout_defaults(config: DictConfig) -> None:
                            workers=workers, model_path=None)
 
 
-def build_recipe_driver(config: DictConfig, driver_cls):
+def make_recipe_driver(config: DictConfig, driver_cls):
     """Resolve ``config``, load the tokenizer and build ``driver_cls(config, tokenizer)``: every check a recipe
-    makes before it starts anything (config and data errors: one ``Config error:`` line on stderr, exit code 2,
-    nothing started or written). ``--check-config`` runs exactly this."""
+    makes before it starts anything. A config, data or path problem raises :class:`ConfigError` with a message
+    that names the key, file or value; nothing is started or written. ``--check-config`` runs exactly this."""
     OmegaConf.resolve(config)
     model = config.actor_rollout_ref.model
     try:
         path = check_model_dir(str(model.get("tokenizer_path") or model.path))
         tokenizer = load_tokenizer(path, bool(model.get("trust_remote_code", False)))
         return driver_cls(config, tokenizer)
-    except (ConfigError, PreferenceDataError, FileNotFoundError, ValueError) as e:
+    except ConfigError:
+        raise
+    except (PreferenceDataError, FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from e
+
+
+def build_recipe_driver(config: DictConfig, driver_cls):
+    """:func:`make_recipe_driver` the command-line way: a problem is one ``Config error:`` line on stderr and exit
+    code 2."""
+    try:
+        return make_recipe_driver(config, driver_cls)
+    except ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
 
