@@ -19,6 +19,7 @@ The sequence borders come from the ``cu_seq_lens_q`` / ``max_length_q`` keywords
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 
@@ -90,6 +91,7 @@ def _per_sequence(query, key, value, cu_seqlens, scaling, sliding_window):
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
+@functools.lru_cache(maxsize=None)  # read once per kernel, not on every attention call
 def _kernel_keywords(kernel) -> frozenset:
     """The keyword arguments ``kernel`` accepts. torch's varlen function changed between releases: one form takes
     ``is_causal`` and nothing else, a later one ``scale`` and ``window_size`` (causal = ``(-1, 0)``), the newest
