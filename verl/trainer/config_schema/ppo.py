@@ -9,7 +9,8 @@ from typing import Optional, Union
 from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
 from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, RUNNER,
-                                               TRACKING, CHECKPOINTING, TRAINER, VALIDATION, WORKERS)
+                                               TRACKING, CHECKPOINTING, TRAINER, TRAINER_DATA, VALIDATION,
+                                               WORKER_GROUPS, WORKERS)
 from verl.trainer.config_schema.profiler import GlobalProfilerConfig
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, key, section
@@ -56,22 +57,23 @@ class DataConfig(Section):
     max_prompt_length: int = key(512, "prompt tokens (left-padded to this length)", ge=1, read_in=(RL_DATA,))
     max_response_length: int = key(512, "response tokens (rollout.response_length follows it)", ge=1,
                                    read_in=(REWARD,))
-    train_batch_size: int = key(1024, "prompts per step (each sampled rollout.n times)", ge=1, read_in=(TRAINER,))
+    train_batch_size: int = key(1024, "prompts per step (each sampled rollout.n times)", ge=1,
+                                 read_in=(TRAINER_DATA,))
     gen_batch_size: Optional[int] = key(None, "prompts per generation round of DAPO's dynamic sampling "
                                         "(python -m recipe.dapo.main_dapo)", ge=1, follows="data.train_batch_size",
                                         read_in=(DAPO,), optional=True)
     val_batch_size: Optional[int] = key(None, "validation prompts per batch (null: all at once)", ge=1,
-                                        read_in=(TRAINER,))
+                                        read_in=(TRAINER_DATA,))
     return_raw_input_ids: bool = key(False, "also return unpadded prompt ids",
                                      unsupported="not available; the reward model re-tokenises from raw_prompt "
                                                  "instead; leave false")
     return_raw_chat: bool = key(True, "keep the chat messages as raw_prompt", read_in=(RL_DATA,))
     return_full_prompt: bool = key(False, "keep the rendered prompt string", read_in=(RL_DATA,))
-    shuffle: bool = key(True, "shuffle the training set", read_in=(TRAINER,))
+    shuffle: bool = key(True, "shuffle the training set", read_in=(TRAINER_DATA,))
     seed: Optional[int] = key(None, "sampler seed (null: 1)", ge=0, read_in=(TRAINER,))
-    dataloader_num_workers: int = key(8, "DataLoader worker processes", ge=0, read_in=(TRAINER,),
+    dataloader_num_workers: int = key(8, "DataLoader worker processes", ge=0, read_in=(TRAINER_DATA,),
                                       cpu="no effect (data is loaded in the main process on CPU)")
-    validation_shuffle: bool = key(False, "shuffle the validation set", read_in=(TRAINER,))
+    validation_shuffle: bool = key(False, "shuffle the validation set", read_in=(TRAINER_DATA,))
     filter_overlong_prompts: bool = key(False, "drop prompts longer than max_prompt_length", read_in=(RL_DATA,))
     filter_overlong_prompts_workers: int = key(1, "processes for that filter (forked; the kept rows are the same)", ge=1,
                                                read_in=(RL_DATA,))
@@ -204,7 +206,7 @@ class TrainerConfig(Section):
     nnodes: int = key(1, "nodes", ge=1, read_in=(MAIN,))
     n_gpus_per_node: int = key(8, "devices per node (CPU: worker processes per node)", ge=1, read_in=(MAIN,))
     balance_batch: bool = key(True, "reorder samples so ranks get similar token counts", read_in=(TRAINER,))
-    total_epochs: int = key(30, "passes over the training set", ge=1, read_in=(TRAINER,))
+    total_epochs: int = key(30, "passes over the training set", ge=1, read_in=(TRAINER_DATA,))
     total_training_steps: Optional[int] = key(None, "steps (null: epochs x batches)", ge=1, read_in=(TRAINER,))
     project_name: str = key("verl_examples", "tracker project", read_in=(TRAINER,))
     experiment_name: str = key("gsm8k", "tracker run name", read_in=(TRAINER,))
@@ -238,7 +240,7 @@ class TrainerConfig(Section):
     max_critic_ckpt_to_keep: Optional[int] = key(None, "critic checkpoints kept (null: all)", ge=1,
                                                read_in=(CHECKPOINTING,))
     ray_wait_register_center_timeout: int = key(300, "seconds to wait for the workers to register", gt=0,
-                                                read_in=(TRAINER,))
+                                                read_in=(WORKER_GROUPS,))
     use_legacy_worker_impl: str = key("auto", "verl's legacy/new worker switch (one set of engine-based workers "
                                       "serves every value)", choices=("auto", "enable", "disable"),
                                       read_in=(RUNNER,))
