@@ -77,7 +77,7 @@ def _probe(spec: KeySpec, want_refused: bool):
             check_value(spec, value)
         except ConfigError:
             continue
-        if want_refused == (not spec.honoured and not accepted(spec, value)):
+        if want_refused == (spec.unsupported is not None and not accepted(spec, value)):
             return value
     raise AssertionError(f"no probe value for {spec.path} (default {spec.default!r})")
 
@@ -155,6 +155,12 @@ def test_key_is_honoured_or_refused(bases, yaml_name, path):
         assert any(pattern.search(_read(p)) for p in spec.read_in), \
             f"{path} is classified honoured, but '{leaf}' is not read in {spec.read_in}: update the schema's read_in " \
             "to where the key is read, or classify it as unsupported"
+    elif spec.inert is not None:  # no effect: a non-default value is accepted
+        value = _probe(spec, want_refused=False)
+        cfg = copy.deepcopy(bases[yaml_name])
+        with open_dict(cfg):
+            OmegaConf.update(cfg, path, value, force_add=True, merge=False)
+        _validate(yaml_name, cfg)
     else:
         value = _probe(spec, want_refused=True)
         cfg = copy.deepcopy(bases[yaml_name])

@@ -95,9 +95,9 @@ def test_yaml_marks_exactly_the_default_only_keys(name):
     schema = next(y.schema for y in SHIPPED if y.name == name)
     table = specs(schema)
     text = (Path(CONFIG_DIR) / f"{name}.yaml").read_text()
-    wrong = [f"{path}: marked {'[default only]' in line}, schema honoured={table[path].honoured}"
+    wrong = [f"{path}: marked {'[default only]' in line}, schema unsupported={table[path].unsupported!r}"
              for path, line in _yaml_key_lines(text)
-             if path in table and ("[default only]" in line) == table[path].honoured]
+             if path in table and ("[default only]" in line) != (table[path].unsupported is not None)]
     assert wrong == []
 
 
@@ -111,7 +111,8 @@ def test_every_key_is_documented_and_classified():
         for path, spec in specs(shipped.schema).items():
             assert spec.doc.strip(), f"{path} has no description"
             assert spec.honoured == bool(spec.read_in) or not spec.honoured, path
-            assert spec.honoured != (spec.unsupported is not None), path
+            assert spec.honoured != (spec.unsupported is not None or spec.inert is not None), path
+            assert spec.unsupported is None or spec.inert is None, path  # refused unless default, or no effect
 
 
 # ------------------------------------------------------------------------------------- types and ranges
@@ -228,6 +229,16 @@ def test_unknown_keys_get_a_did_you_mean_and_others_a_warning(assets, capsys):
     validate_ppo_config(cfg)
     out = capsys.readouterr().out
     assert "'trainer.my_recipe_flag' is not a known config key" in out and "override_config" not in out
+
+
+def test_keys_verl_examples_carry_but_verl_never_reads_are_ignored_with_a_warning(assets, capsys):
+    # close to known keys (rollout.mode), so any other such key is refused as a typo; verl's own example config
+    # (gsm8k_multiturn_grpo_server.yaml) sets this one and verl reads nothing under that name
+    cfg = ppo(assets, "+actor_rollout_ref.rollout.sglang_rollout_mode=server")
+    validate_ppo_config(cfg)
+    assert "'actor_rollout_ref.rollout.sglang_rollout_mode' is ignored" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="unknown config key 'actor_rollout_ref.rollout.sglang_rolout_mode'"):
+        validate_ppo_config(ppo(assets, "+actor_rollout_ref.rollout.sglang_rolout_mode=server"))
 
 
 # ------------------------------------------------------------------------------------- typed, frozen

@@ -137,7 +137,10 @@ def test_megatron_reference_and_critic_keys_follow_the_actor_and_can_be_set(asse
                        config_name="ppo_megatron_trainer")
     ref, actor = cfg.actor_rollout_ref.ref.megatron, cfg.actor_rollout_ref.actor.megatron
     assert ref.tensor_model_parallel_size == 2 and ref.use_mbridge is True and ref.seed == actor.seed
-    assert dict(ref.override_transformer_config) == {"moe_router_dtype": "fp32"}
+    from verl.trainer.config_schema.engine import TRANSFORMER_OVERRIDE_DEFAULTS
+
+    # verl's default entries (set without '+' by its scripts) plus the added one, followed by the reference
+    assert dict(ref.override_transformer_config) == {**TRANSFORMER_OVERRIDE_DEFAULTS, "moe_router_dtype": "fp32"}
     assert cfg.critic.megatron.tensor_model_parallel_size == 2
     # left unset, the reference follows the actor
     cfg = driver_check(assets, *MEGATRON, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
@@ -162,7 +165,37 @@ def test_megatron_offload_switches_are_accepted_on_cpu_and_refused_on_an_acceler
             check_megatron_settings({k: True}, hf, "actor.megatron", on_cpu=False)
 
 
+def test_megatron_optimizer_fields_and_scheduler_keys_of_verl_scripts(assets):
+    """verl's Megatron scripts pass megatron-core OptimizerConfig fields through override_optimizer_config (null in
+    the yaml, added with '+') and set the scheduler / dist-checkpointing keys at their defaults without '+'."""
+    from verl.models.mcore.settings import optimizer_overrides
+
+    mcore = {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0, "overlap_cpu_optimizer_d2h_h2d": True,
+             "use_precision_aware_optimizer": True}
+    args = [f"+actor_rollout_ref.actor.optim.override_optimizer_config.{k}={v}" for k, v in mcore.items()]
+    args += ["actor_rollout_ref.actor.optim.lr_decay_style=constant", "actor_rollout_ref.actor.optim.min_lr=0.0",
+             "actor_rollout_ref.actor.megatron.use_dist_checkpointing=False",
+             "actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused"]
+    if get_device_name() == "cpu":  # the optimizer state already lives in host memory
+        cfg = driver_check(assets, *MEGATRON, *args, config_name="ppo_megatron_trainer")
+        assert dict(cfg.actor_rollout_ref.actor.optim.override_optimizer_config) == mcore
+    # the torch optimizer gets only its own keyword arguments; megatron-core's fields are checked and taken out
+    assert optimizer_overrides({**mcore, "amsgrad": True}, "actor.optim.override_optimizer_config", True) == \
+        {"amsgrad": True}
+    with pytest.raises(ValueError, match="optimizer_cpu_offload=True: the Megatron engine keeps the optimizer"):
+        optimizer_overrides(mcore, "actor.optim.override_optimizer_config", on_cpu=False)
+    with pytest.raises(ValueError, match="main_params_dtype='bf16' is not supported"):
+        optimizer_overrides({"main_params_dtype": "bf16"}, "p", on_cpu=True)
+    with pytest.raises(ValueError, match="optimizer_offload_fraction=1.5 must be a number in"):
+        optimizer_overrides({"optimizer_offload_fraction": 1.5}, "p", on_cpu=True)
+
+
 @pytest.mark.parametrize("overrides, words", [
+    (("actor_rollout_ref.actor.megatron.use_dist_checkpointing=True",),
+     "use_dist_checkpointing=True is not supported: starting from a Megatron distributed checkpoint"),
+    (("actor_rollout_ref.actor.optim.lr_decay_style=cosine",), "lr_decay_style='cosine' is not supported"),
+    (("actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=flashy",),
+     "attention_backend='flashy' is not one of flash, fused, unfused, local, auto"),
     (("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2"),
      "differs from actor_rollout_ref.actor.megatron"),
     (("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=2",), "have no experts"),

@@ -150,6 +150,21 @@ def _fsdp_worker(rank, world, out_dir):
     if rank == 0:
         torch.save(hsdp_norm, f"{out_dir}/hsdp_norm.pt")
 
+    # fsdp_config.forward_prefetch: each layer prefetches the next one's all-gather (same outputs);
+    # mixed_precision.buffer_dtype: the floating-point buffers (rotary frequencies) in that dtype
+    plain, prefetched = tiny_model(seed=5), tiny_model(seed=5)
+    apply_fsdp2(plain, {"dtype": "fp32"})
+    apply_fsdp2(prefetched, {"dtype": "fp32", "forward_prefetch": True, "mixed_precision": {"buffer_dtype": "bf16"}})
+    layers = list(prefetched.model.layers)
+    assert [s._states_to_forward_prefetch for s in (l._get_fsdp_state() for l in layers)] == \
+        [[nxt._get_fsdp_state()] for nxt in layers[1:]] + [[]]
+    assert all(l._get_fsdp_state()._states_to_forward_prefetch == [] for l in plain.model.layers)
+    buffers = [b for b in prefetched.buffers() if b.is_floating_point()]
+    assert buffers and all(b.dtype == torch.bfloat16 for b in buffers)
+    assert all(b.dtype == torch.float32 for b in plain.buffers() if b.is_floating_point())
+    prefetched.model.rotary_emb.inv_freq.data = plain.model.rotary_emb.inv_freq.data.clone()
+    assert torch.equal(plain(input_ids=HSDP_IDS).logits, prefetched(input_ids=HSDP_IDS).logits)
+
 
 @pytest.mark.e2e
 def test_fsdp2_wrap_mixed_precision_and_state_dict_roundtrip(tmp_path):

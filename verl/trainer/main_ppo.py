@@ -317,6 +317,12 @@ def schema_keys() -> list[str]:
     return list(specs(PPOTrainerConfig))
 
 
+def free_form_keys() -> list[str]:
+    """The schema's free-form mappings (``override_config``, ``override_transformer_config`` ...): new keys under
+    them are the user's own, even where the yaml gives the mapping default entries."""
+    return [path for path, spec in specs(PPOTrainerConfig).items() if spec.free_form]
+
+
 def precheck_cli(argv: list[str]) -> None:
     """Check overrides and compose the config before Hydra does: our messages, exit code 2, nothing written."""
     config_dir, config_name, overrides = _split_cli(argv)
@@ -324,7 +330,8 @@ def precheck_cli(argv: list[str]) -> None:
         return
     user_overrides = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     checked = user_overrides
-    if config_dir == CONFIG_DIR:
+    ours = os.path.realpath(config_dir) == os.path.realpath(CONFIG_DIR)  # also --config-path=./config
+    if ours:
         refuse_dynamic_sampling_overrides(user_overrides)
         # added DAPO keys are judged by value after composing (refuse_dynamic_sampling), not as typos
         checked = [o for o in user_overrides
@@ -332,7 +339,9 @@ def precheck_cli(argv: list[str]) -> None:
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             base = compose(config_name=config_name)
-            for warning in check_overrides(base, checked, known=schema_keys() if config_dir == CONFIG_DIR else ()):
+            # a config of the user's own composes on ours: the schema's free-form mappings stay free-form there
+            for warning in check_overrides(base, checked, known=schema_keys() if ours else (),
+                                           free_form=free_form_keys()):
                 print(warning, file=sys.stderr)
             try:
                 compose(config_name=config_name, overrides=user_overrides)

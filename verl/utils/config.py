@@ -216,7 +216,8 @@ def _free_form_paths(cfg: DictConfig) -> list[str]:
     return [k for k in flatten_keys(cfg) if _is_free_form(OmegaConf.select(cfg, k, default=None))]
 
 
-def check_overrides(base_cfg: DictConfig, overrides: list[str], known: Iterable[str] = ()) -> list[str]:
+def check_overrides(base_cfg: DictConfig, overrides: list[str], known: Iterable[str] = (),
+                    free_form: Iterable[str] = ()) -> list[str]:
     """Check Hydra overrides against the keys of ``base_cfg``; raise one ConfigError naming every bad one (a
     ported command line with several keys we do not know shows them all at once).
 
@@ -226,7 +227,9 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str], known: Iterable[
       is refused as a probable typo, and any other new key is allowed with a warning (recipes add their own).
       ``+key=value`` on an existing key follows Hydra: accepted when the key is null or the value a list/dict.
       ``known``: keys the caller's schema declares although the yaml does not carry them (optional keys); adding
-      one of those is fine (its value is checked with the rest of the config).
+      one of those is fine (its value is checked with the rest of the config). ``free_form``: keys the schema
+      declares free-form (a mapping of user keys) although the yaml gives them default entries; a new key under
+      one is fine.
     - ``~key``: the key must exist.
     Hydra's own overrides (``hydra.*``, ``hydra/...``) and config-group selections are skipped.
     Returns warnings (strings) for the caller to print.
@@ -237,7 +240,7 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str], known: Iterable[
         raise ConfigError(f"cannot parse command-line override: {e}") from None
 
     all_keys = flatten_keys(base_cfg)
-    known = set(known)
+    known = set(known) | {_FREE_FORM_MARK + f for f in free_form}
     warnings: list[str] = []
     problems: list[str] = []
     for ov in parsed:
@@ -254,6 +257,9 @@ def check_overrides(base_cfg: DictConfig, overrides: list[str], known: Iterable[
         raise ConfigError(f"{len(problems)} overrides are not accepted: " + "; ".join(
             f"({i}) {p}" for i, p in enumerate(problems, 1)))
     return warnings
+
+
+_FREE_FORM_MARK = "free-form:"
 
 
 def _check_override(ov, base_cfg: DictConfig, all_keys: list[str], known: set = frozenset()) -> str | None:
@@ -281,6 +287,10 @@ def _check_override(ov, base_cfg: DictConfig, all_keys: list[str], known: set = 
         return None
     if _inside_free_form(base_cfg, parts[:depth]) or key in known:
         return None
+    if any(_FREE_FORM_MARK + ".".join(parts[:i]) in known for i in range(1, len(parts))):
+        return None
+    if depth and OmegaConf.select(base_cfg, ".".join(parts[:depth]), default=0) is None:
+        return None  # under a null key Hydra makes a dict (override_optimizer_config: null); the schema checks it
     close = suggest_keys(key, all_keys, cutoff=0.8)
     if close:
         raise ConfigError(_unknown_key_message(key, all_keys, base_cfg, suggestions=close))

@@ -118,8 +118,9 @@ def apply_fsdp2(model: nn.Module, fsdp_config=None, device_mesh=None) -> nn.Modu
     """Shard ``model`` in place with FSDP2: each decoder layer, then the root (embeddings, final norm, head).
 
     ``device_mesh``: a DeviceMesh (1-D, or 2-D ``("ddp", "fsdp")`` for HSDP), a ProcessGroup, or None (all ranks).
-    Keys read from ``fsdp_config``: ``dtype`` / ``mixed_precision.{param_dtype, reduce_dtype}``,
-    ``reshard_after_forward`` (default True), ``offload_policy`` (``CPUOffloadPolicy`` on accelerators; on CPU
+    Keys read from ``fsdp_config``: ``dtype`` / ``mixed_precision.{param_dtype, reduce_dtype, buffer_dtype}``,
+    ``reshard_after_forward`` (default True), ``forward_prefetch`` (each layer prefetches the next one's
+    all-gather), ``offload_policy`` (``CPUOffloadPolicy`` on accelerators; on CPU
     the parameters already live in host memory, so it is accepted and does nothing),
     ``wrap_policy.transformer_layer_cls_to_wrap`` (layer class names; default: the model's ``_no_split_modules``).
     ``param_offload`` / ``optimizer_offload`` are the worker's business: it calls :func:`offload_fsdp_model_to_cpu`
@@ -133,9 +134,19 @@ def apply_fsdp2(model: nn.Module, fsdp_config=None, device_mesh=None) -> nn.Modu
     )
     if cfg_get(fsdp_config, "offload_policy", False) and get_device_name() != "cpu":
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    for module in get_fsdp_wrap_modules(model, cfg_get(fsdp_config, "wrap_policy.transformer_layer_cls_to_wrap", None)):
+    buffer_dtype = to_torch_dtype(cfg_get(fsdp_config, "mixed_precision.buffer_dtype", None), None)
+    if buffer_dtype is not None:  # buffers are not sharded: each rank keeps them whole, in this dtype
+        for buf in model.buffers():
+            if buf.is_floating_point():
+                buf.data = buf.data.to(buffer_dtype)
+    layers = get_fsdp_wrap_modules(model, cfg_get(fsdp_config, "wrap_policy.transformer_layer_cls_to_wrap", None))
+    for module in layers:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
+    if cfg_get(fsdp_config, "forward_prefetch", False):
+        # each layer's forward starts the next layer's all-gather as soon as its own is copied out
+        for layer, nxt in zip(layers, layers[1:]):
+            layer.set_modules_to_forward_prefetch([nxt])
     return model
 
 
@@ -187,9 +198,10 @@ def apply_lora(model: nn.Module, lora_rank: int, lora_alpha: float = 16, target_
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
-def build_optimizer(params: Iterable, optim_cfg) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterable, optim_cfg, extra_kwargs: dict | None = None) -> torch.optim.Optimizer:
     """``optim.optimizer`` (default AdamW) from ``optim.optimizer_impl`` (default torch.optim) with ``lr``,
-    ``betas``, ``weight_decay`` (+ ``eps``) and any ``override_optimizer_config`` kwargs."""
+    ``betas``, ``weight_decay`` (+ ``eps``) and any ``override_optimizer_config`` kwargs (``extra_kwargs`` in their
+    place when given: the Megatron engine's, without megatron-core's own optimizer fields)."""
     impl = cfg_get(optim_cfg, "optimizer_impl", "torch.optim")
     name = cfg_get(optim_cfg, "optimizer", "AdamW")
     try:
@@ -201,7 +213,9 @@ def build_optimizer(params: Iterable, optim_cfg) -> torch.optim.Optimizer:
         kwargs["betas"] = tuple(float(b) for b in cfg_get(optim_cfg, "betas", (0.9, 0.999)))
         if cfg_get(optim_cfg, "eps", None) is not None:
             kwargs["eps"] = float(cfg_get(optim_cfg, "eps"))
-    kwargs.update(_to_plain(cfg_get(optim_cfg, "override_optimizer_config", None)) or {})
+    if extra_kwargs is None:
+        extra_kwargs = _to_plain(cfg_get(optim_cfg, "override_optimizer_config", None)) or {}
+    kwargs.update(extra_kwargs)
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("build_optimizer: no trainable parameters")
@@ -241,7 +255,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps:
         return get_cosine_with_min_lr_schedule_with_warmup(
             optimizer, num_warmup_steps=warmup, num_training_steps=total,
             num_cycles=float(cfg_get(optim_cfg, "num_cycles", 0.5)),
-            min_lr_rate=float(cfg_get(optim_cfg, "min_lr_ratio", 0.0)),
+            min_lr_rate=float(cfg_get(optim_cfg, "min_lr_ratio", 0.0) or 0.0),  # null: 0
         )
     raise ValueError(f"optim.lr_scheduler_type={style!r} is not supported; use constant or cosine")
 

@@ -27,8 +27,8 @@ file's ``"substituted"``). The test writes them back under a stand-in verl check
 
 JSON shape: ``{"source": {repository, ref, commit}, "scripts": {script: {"entrypoint": module, "launcher": {...},
 "config_path": ..., "config_name": ..., "config_file": verl path, "overrides": [...], "substituted": {key: why}}},
-"files": {verl path: {"content": ..., "substituted": [...]}}}``; a script that launches twice would get
-``script#2`` for the second. ``{verl}`` in a value stands for the verl checkout the script runs in.
+"files": {verl path: {"content": ..., "substituted": [...]}}, "verl_configs": {config name: content}}``; a script
+that launches twice would get ``script#2`` for the second. ``{verl}`` in a value stands for the verl checkout the script runs in.
 """
 
 from __future__ import annotations
@@ -230,6 +230,19 @@ def files_read_by(git_dir: str, ref: str, entry: dict) -> list[str]:
     return out
 
 
+# verl's composed trainer configs (the files verl generates from its config groups and keeps in its tree): the sweep
+# applies each launch's overrides to them with Hydra's own rules, so a command line that verl itself refuses (a key
+# its config lacks set without '+', a '+' on a key it already has) is told apart from a refusal of this library
+VERL_CONFIGS = {
+    "ppo_trainer": "verl/trainer/config/_generated_ppo_trainer.yaml",
+    "ppo_megatron_trainer": "verl/trainer/config/_generated_ppo_megatron_trainer.yaml",
+}
+
+
+def verl_configs(git_dir: str, ref: str) -> dict:
+    return {name: stored_file(git_dir, ref, path)["content"] for name, path in VERL_CONFIGS.items()}
+
+
 def extract(git_dir: str, ref: str) -> tuple[dict, dict]:
     scripts = [p for p in git(git_dir, "ls-tree", "-r", "--name-only", ref, "examples/").split() if p.endswith(".sh")]
     result, files = {}, {}
@@ -272,7 +285,7 @@ def main() -> None:
     scripts, files = extract(args.git_dir, args.ref)
     data = {"source": {"repository": "https://github.com/volcengine/verl", "ref": args.ref,
                        "commit": git(args.git_dir, "rev-parse", f"{args.ref}^{{commit}}").strip()},
-            "scripts": scripts, "files": files}
+            "scripts": scripts, "files": files, "verl_configs": verl_configs(args.git_dir, args.ref)}
     Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
     print(f"{len(data['scripts'])} launches -> {args.out}")
 

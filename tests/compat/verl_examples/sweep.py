@@ -12,8 +12,9 @@ before it starts anything:
 * ``verl.trainer.main_generation``: its command-line check, composition and ``validate_generation_config``.
 
 Each launch is ``accepted``, ``refused-hardware`` (the message matches one of ``HARDWARE_PATTERNS``: an engine or
-setting that needs CUDA or an NPU), ``script-error`` (the script's command line does not parse, so verl's run
-stops there too: ``SCRIPT_ERROR_PATTERNS``) or ``refused-other``.
+setting that needs CUDA or an NPU), ``script-error`` (the script's command line does not parse, or verl's own
+config refuses it -- ``verl_refusal`` -- so verl's run stops there too: ``SCRIPT_ERROR_PATTERNS``) or
+``refused-other``.
 
     python -m tests.compat.verl_examples.sweep --write     # regenerate docs/compat_scripts.md
 """
@@ -58,9 +59,10 @@ HARDWARE_PATTERNS = (
     r"\bneeds (an? |the )?(Ascend )?NPU\b",
     r"\btorch sees no (CUDA GPU|Ascend NPU)\b",
 )
-# the command line itself does not parse (Hydra's override grammar): verl's run stops at the same place
+# verl stops on the command line too: it does not parse (Hydra's override grammar), or verl's own config refuses it
 SCRIPT_ERROR_PATTERNS = (
     r"^cannot parse command-line override",
+    r"^verl's own config refuses",
 )
 
 # keys whose value is a path on verl's machine: pointed at the local stand-ins
@@ -213,6 +215,42 @@ def check_generation(argv: list[str]) -> str | None:
     return _config_error(run)
 
 
+VERL_REFUSES = "verl's own config refuses this command line"
+
+
+def verl_refusal(entry: dict, argv: list[str], data: dict) -> str | None:
+    """What verl's Hydra says when it applies ``argv`` to verl's own composed config, None when it accepts them.
+
+    Only ``main_ppo`` launches on verl's trainer configs (or an example config composed on one) are checked: the
+    overrides are applied with Hydra's own rules (a key the config lacks needs '+', a '+' on a key that holds a
+    value is refused), so a script that stops in verl too is not counted against this library."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    if entry["entrypoint"] not in ("verl.trainer.main_ppo", "main_ppo_split.py"):
+        return None
+    configs = data.get("verl_configs", {})
+    content: dict = {}
+    name = (entry.get("config_name") or "ppo_trainer").removesuffix(".yaml")
+    if entry.get("config_file"):
+        content = dict(data["files"][entry["config_file"]]["content"])
+        name = next(d for d in content.pop("defaults") if d != "_self_")
+        content.pop("hydra", None)
+    if name not in configs:
+        return None
+    config = OmegaConf.merge(OmegaConf.create(configs[name]), OmegaConf.create(content))
+    OmegaConf.set_struct(config, True)
+    overrides = [o for o in OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("--")])
+                 if not o.key_or_group.startswith("hydra.")]
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(overrides, config)
+    except ConfigCompositionException as e:
+        return f"{VERL_REFUSES}: " + " ".join(str(e).split())
+    return None
+
+
 def classify(reason: str | None) -> str:
     if reason is None:
         return ACCEPTED
@@ -221,15 +259,21 @@ def classify(reason: str | None) -> str:
     return HARDWARE if any(re.search(p, reason) for p in HARDWARE_PATTERNS) else OTHER
 
 
-def check_launch(script: str, entry: dict, assets: dict) -> Result:
+def check_launch(script: str, entry: dict, assets: dict, data: dict, cpu_variant: bool = False) -> Result:
     module = entry["entrypoint"]
     argv = swapped_overrides(entry["overrides"], assets)
+    try:
+        refused_by_verl = verl_refusal(entry, argv, data)
+    except Exception:  # noqa: BLE001 -- an unparsable command line: this library's check names it below
+        refused_by_verl = None
     if entry.get("config_file"):
         config = assets["root"] / entry["config_file"]
         argv = [f"--config-path={config.parent}", f"--config-name={config.stem}", *argv]
     elif entry.get("config_path"):
         argv = [f"--config-path={entry['config_path']}", f"--config-name={entry['config_name']}", *argv]
-    if module in ("verl.trainer.main_ppo", "main_ppo_split.py"):
+    if refused_by_verl:
+        reason = refused_by_verl
+    elif module in ("verl.trainer.main_ppo", "main_ppo_split.py"):
         reason = check_ppo(argv)
     elif module == "verl.trainer.fsdp_sft_trainer":
         launcher = entry.get("launcher", {})
@@ -241,7 +285,42 @@ def check_launch(script: str, entry: dict, assets: dict) -> Result:
     else:
         raise AssertionError(f"{script}: no check for entry point {module}")
     reason = None if reason is None else " ".join(reason.replace(str(assets["root"]), "<verl>").split())
-    return Result(script, module, classify(reason), reason or "")
+    kind = classify(reason)
+    if kind == HARDWARE and not cpu_variant:
+        return _recheck_on_cpu_settings(script, entry, assets, data, reason)
+    return Result(script, module, kind, reason or "")
+
+
+# the key a hardware refusal names (its first dotted key) and what stands in for it on a CPU host: the rollout
+# engine becomes vLLM, any other such key goes back to its default (the override is dropped)
+CPU_STAND_INS = {"actor_rollout_ref.rollout.name": "vllm"}
+MAX_HARDWARE_KEYS = 6
+
+
+def _recheck_on_cpu_settings(script: str, entry: dict, assets: dict, data: dict, reason: str) -> Result:
+    """A launch refused for hardware counts as such only if that is its only problem: the keys the hardware
+    refusals name are swapped for CPU settings (``CPU_STAND_INS``, else dropped) one at a time and the launch is
+    checked again; any other refusal on the way makes it ``refused-other``, naming both."""
+    first, overrides = reason, list(entry["overrides"])
+    for _ in range(MAX_HARDWARE_KEYS):
+        match = re.search(r"[a-z_]+(?:\.[a-z_0-9]+)+", reason)
+        if match is None:
+            break
+        name = match.group(0)
+        kept = [o for o in overrides if not re.fullmatch(rf"\+*{re.escape(name)}(\..+)?", o.partition("=")[0])]
+        if name in CPU_STAND_INS:
+            kept.append(f"{name}={CPU_STAND_INS[name]}")
+        elif len(kept) == len(overrides):
+            break  # set by a config file, not on the command line: nothing to swap here
+        overrides = kept
+        result = check_launch(script, {**entry, "overrides": overrides}, assets, data, cpu_variant=True)
+        if result.result == ACCEPTED:
+            break
+        if result.result != HARDWARE:
+            return Result(script, result.entrypoint, OTHER,
+                          f"{first}; with CPU settings in its place: {result.reason}")
+        reason = result.reason
+    return Result(script, entry["entrypoint"], HARDWARE, first)
 
 
 @contextlib.contextmanager
@@ -304,7 +383,7 @@ def run_sweep(data: dict | None = None) -> list[Result]:
             from verl.trainer import fsdp_sft_trainer, main_generation, main_ppo
 
             with yaml_parsed_once(), hydra_composed_once(main_ppo, main_generation, fsdp_sft_trainer):
-                return [check_launch(script, entry, assets) for script, entry in data["scripts"].items()]
+                return [check_launch(script, entry, assets, data) for script, entry in data["scripts"].items()]
     finally:
         os.chdir(saved_cwd)
         os.environ.clear()
@@ -320,7 +399,7 @@ def counts(results: list[Result]) -> dict[str, int]:
 def summary_line(results: list[Result]) -> str:
     c = counts(results)
     return (f"**{c[ACCEPTED]} of {len(results)} accepted**; {c[HARDWARE]} refused for a hardware reason; "
-            f"{c[SCRIPT]} with a command line that does not parse; {c[OTHER]} refused for another reason.")
+            f"{c[SCRIPT]} with a command line that verl itself refuses; {c[OTHER]} refused for another reason.")
 
 
 REASON_CHARS = 300  # long "keys under ..." hints are cut; the test output has the whole message
@@ -345,8 +424,9 @@ def render(results: list[Result], source: dict) -> str:
         "",
         "- **accepted**: the configuration passes every check; the run would start.",
         "- **refused-hardware**: the message says the setting needs hardware a CPU host lacks (CUDA, an NPU).",
-        "- **script-error**: the script's own command line does not parse (Hydra's override grammar), so verl "
-        "stops there too.",
+        "- **script-error**: verl itself stops on the script's command line: it does not parse (Hydra's override "
+        "grammar), or verl's own config refuses an override (a key verl's config lacks set without '+', or a '+' on "
+        "a key verl's config already holds).",
         "- **refused-other**: refused for another reason (the reason column gives the message).",
         "",
         "Regenerate after a change to the checks (the test `tests/compat/test_verl_examples_sweep.py` fails "

@@ -10,15 +10,16 @@ import torch
 
 from verl.models.mcore import get_arch
 
-__all__ = ["MEGATRON_DTYPES", "REFUSED", "CONVERTER_SWITCHES", "OFFLOAD_KEYS", "megatron_settings",
-           "check_megatron_settings", "transformer_overrides"]
+__all__ = ["MEGATRON_DTYPES", "REFUSED", "CONVERTER_SWITCHES", "OFFLOAD_KEYS", "MCORE_OPTIMIZER_FIELDS",
+           "ATTENTION_BACKENDS", "megatron_settings", "check_megatron_settings", "transformer_overrides",
+           "optimizer_overrides"]
 
 MEGATRON_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "bf16": torch.bfloat16,
                    "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
 
 REFUSED = {  # key: (value that works, why)
     "virtual_pipeline_model_parallel_size": (None, "interleaved pipeline stages are not available in this engine"),
-    "context_parallel_size": (1, "context parallelism needs Transformer Engine attention (CUDA)"),
+    "context_parallel_size": (1, "context parallelism needs CUDA (Transformer Engine's attention)"),
     "expert_model_parallel_size": (1, "the supported architectures (Qwen2, Llama) have no experts"),
     "expert_tensor_parallel_size": (None, "the supported architectures (Qwen2, Llama) have no experts"),
 }
@@ -48,6 +49,40 @@ _CUDA_FUSIONS = frozenset({
 })
 
 
+# megatron-core's AttnBackend names. The value picks among Transformer Engine's attention kernels; this engine's
+# layers are built from megatron-core's own modules (no Transformer Engine), whose attention is the same for each
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+
+
+# megatron-core OptimizerConfig fields that verl's Megatron scripts pass in optim.override_optimizer_config. This
+# engine steps torch's optimizer (optim.optimizer) over each rank's shards with fp32 master weights, gradients and
+# Adam moments, so these are taken out of that optimizer's keyword arguments (optimizer_overrides) and accepted where
+# the engine already does what they ask
+_FP32 = ("fp32", "float32", "torch.float32")
+MCORE_OPTIMIZER_FIELDS = ("optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
+                          "use_precision_aware_optimizer", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
+                          "exp_avg_sq_dtype")
+
+
+def optimizer_overrides(over: dict, prefix: str, on_cpu: bool) -> dict:
+    """``<role>.optim.override_optimizer_config`` of a Megatron role: checks megatron-core's optimizer fields (see
+    ``MCORE_OPTIMIZER_FIELDS``) and returns the other entries, the keyword arguments of the torch optimizer."""
+    over = dict(over or {})
+    if over.get("optimizer_cpu_offload") and not on_cpu:
+        raise ValueError(f"{prefix}.optimizer_cpu_offload=True: the Megatron engine keeps the optimizer state on the "
+                         "accelerator; use false (strategy=fsdp offloads it with fsdp_config.optimizer_offload)")
+    fraction = over.get("optimizer_offload_fraction")
+    if fraction is not None and not (isinstance(fraction, (int, float)) and 0 <= fraction <= 1):
+        raise ValueError(f"{prefix}.optimizer_offload_fraction={fraction!r} must be a number in [0, 1]")
+    for k in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if k in over and str(over[k]) not in _FP32:
+            raise ValueError(f"{prefix}.{k}={over[k]!r} is not supported: this engine keeps master weights, "
+                             "gradients and Adam moments in fp32; use fp32")
+    # use_precision_aware_optimizer with fp32 main dtypes computes the update this engine computes; on CPU the
+    # optimizer state lives in host memory, which is what optimizer_cpu_offload (fraction 1) and the overlap ask for
+    return {k: v for k, v in over.items() if k not in MCORE_OPTIMIZER_FIELDS}
+
+
 def megatron_settings(cfg: dict) -> dict:
     """The ``megatron.*`` keys with verl's defaults filled in."""
     cfg = dict(cfg or {})
@@ -66,7 +101,11 @@ def transformer_overrides(cfg: dict, prefix: str, on_cpu: bool) -> dict:
     """``<role>.megatron.override_transformer_config``: megatron-core ``TransformerConfig`` fields the engine applies
     over its own (e.g. ``recompute_granularity=full``). Refuses, naming the key, the fields the engine derives from
     the model and the sizes, and on CPU the fusions that need CUDA kernels."""
-    over = dict((cfg or {}).get("override_transformer_config") or {})
+    over = {k: v for k, v in dict((cfg or {}).get("override_transformer_config") or {}).items() if v is not None}
+    backend = over.pop("attention_backend", "flash")
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"{prefix}.override_transformer_config.attention_backend={backend!r} is not one of "
+                         f"{', '.join(ATTENTION_BACKENDS)}")
     for k, v in over.items():
         if k in _ENGINE_OWNED:
             raise ValueError(f"{prefix}.override_transformer_config.{k} is set by the engine from the model's "

@@ -182,7 +182,9 @@ class RewardModelConfig(Section):
     reward_loop_class_name: Optional[str] = key(None, "reward-loop class", unsupported=NO_REWARD_LOOP)
     launch_reward_fn_async: bool = key(False, "score in a Ray task overlapping the log-prob passes", read_in=(TRAINER,))
     ulysses_sequence_parallel_size: int = key(1, "Ulysses group size", ge=1, unsupported=NO_ULYSSES)
-    use_reward_loop: bool = key(True, "verl's reward loop", unsupported=NO_REWARD_LOOP + "; remove the override")
+    use_reward_loop: bool = key(True, "verl's switch between its reward loop and its reward-model worker",
+                                inert="for either value rewards come from the reward manager and the reward-model "
+                                      "worker (verl's use_reward_loop=False path)")
     num_workers: int = key(1, "reward-loop workers", ge=1, unsupported=NO_REWARD_LOOP)
     reward_kwargs: dict = key({}, "free-form keyword arguments of the reward manager", read_in=(MAIN, REWARD))
     overlong_buffer: Optional[dict] = key(None, "DAPO overlong penalty (recipe spelling; free-form)", read_in=(REWARD,),

@@ -19,7 +19,7 @@ NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
 NO_MEGATRON_OFFLOAD = "refused unless false: the Megatron engine does not offload an accelerator's memory to the host"
 NO_MEGATRON_VPP = "interleaved pipeline stages are not available in the Megatron engine; leave null"
-NO_MEGATRON_CP = "context parallelism needs Transformer Engine attention (CUDA); use 1"
+NO_MEGATRON_CP = "context parallelism needs CUDA (Transformer Engine's attention); use 1"
 NO_MEGATRON_EP = "the supported architectures (Qwen2, Llama) have no experts; use 1"
 HOST_ALREADY = "no effect (parameters already live in host memory)"
 
@@ -44,6 +44,8 @@ class MixedPrecision(Section):
                                      choices=DTYPES, read_in=(FSDP,), optional=True)
     reduce_dtype: Optional[str] = key(None, "gradient reduction dtype (default fp32)", choices=DTYPES, read_in=(FSDP,),
                                       optional=True)
+    buffer_dtype: Optional[str] = key(None, "dtype of the model's floating-point buffers (null: as loaded)",
+                                      choices=DTYPES, read_in=(FSDP,), optional=True)
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,14 @@ class FSDPConfig(Section):
     reshard_after_forward: bool = key(True, "free gathered parameters after each layer's forward", read_in=(FSDP,))
     fsdp_size: int = key(-1, "ranks per FSDP shard group (HSDP when it divides the world size)", ge=1, also=(-1,),
                          also_doc="all ranks", read_in=(WORKERS, FSDP))
-    forward_prefetch: bool = key(False, "FSDP1 forward prefetch",
-                                 unsupported="prefetching is not configurable in the FSDP2 engine here; leave false")
+    forward_prefetch: bool = key(False, "each layer's forward starts the next layer's all-gather early",
+                                 read_in=(FSDP,))
     model_dtype: str = key("fp32", "dtype the weights are loaded in (master weights)", choices=DTYPES,
                            read_in=(WORKERS,))
-    use_orig_params: bool = key(False, "FSDP1 flat-parameter option",
-                                unsupported="FSDP2 always keeps per-parameter DTensors; the FSDP1 option does not "
-                                            "apply; leave false")
+    use_orig_params: bool = key(False, "FSDP1 flat-parameter option (FSDP2 always keeps the original per-parameter "
+                                       "tensors, which is what true asks for)",
+                                inert="FSDP2 always keeps the original per-parameter tensors (what true asks for); "
+                                      "there is no flat-parameter mode")
     seed: int = key(42, "seed for model initialisation (identical on every rank)", ge=0, read_in=(WORKERS,))
     full_determinism: bool = key(False, "deterministic kernels",
                                  unsupported="not available; runs are seeded with fsdp_config.seed; leave false")
@@ -92,6 +95,13 @@ class RefFSDPConfig(FSDPConfig):
                                          "default")
 
 
+MCORE_SCHEDULE = ("the Megatron engine runs the same learning-rate schedule as the FSDP engine (optim.lr_warmup_steps "
+                  "/ lr_warmup_steps_ratio, then optim.lr_scheduler_type constant | cosine with min_lr_ratio); leave "
+                  "the default")
+NO_DIST_CKPT = ("starting from a Megatron distributed checkpoint is not available: the engine converts the HF weights "
+                "of model.path (this library's own checkpoints resume with trainer.resume_mode)")
+
+
 @dataclass(frozen=True)
 class OptimConfig(Section):
     """``*.optim``: optimizer and learning-rate schedule."""
@@ -110,7 +120,8 @@ class OptimConfig(Section):
                                read_in=(FSDP,))
     betas: list = key([0.9, 0.999], "Adam betas", read_in=(FSDP,))
     clip_grad: float = key(1.0, "max gradient norm (used when the role's grad_clip is null)", ge=0, read_in=(WORKERS,))
-    min_lr_ratio: float = key(0.0, "cosine floor as a fraction of lr", ge=0, le=1, read_in=(FSDP,))
+    min_lr_ratio: Optional[float] = key(0.0, "cosine floor as a fraction of lr (null: 0)", ge=0, le=1,
+                                        read_in=(FSDP,))
     num_cycles: float = key(0.5, "cosine cycles over the schedule", ge=0, read_in=(FSDP,))
     lr_scheduler_type: str = key("constant", "after warm-up: constant | cosine", choices=LR_SCHEDULERS, read_in=(FSDP,))
     warmup_style: Optional[str] = key(None, "deprecated alias of lr_scheduler_type", choices=LR_SCHEDULERS,
@@ -119,6 +130,23 @@ class OptimConfig(Section):
                                                     read_in=(FSDP,))
     eps: Optional[float] = key(None, "Adam epsilon (optimizer default when null)", gt=0, read_in=(FSDP,),
                                optional=True)
+    # verl's Megatron optimizer-scheduler keys (ppo_megatron_trainer.yaml carries them): accepted at their defaults
+    lr_warmup_init: float = key(0.0, "learning rate at the start of warm-up", ge=0, unsupported=MCORE_SCHEDULE,
+                                optional=True)
+    lr_decay_steps: Optional[int] = key(None, "decay steps", ge=1, unsupported=MCORE_SCHEDULE, optional=True)
+    lr_decay_style: str = key("constant", "constant | linear | cosine | inverse_square_root",
+                              unsupported=MCORE_SCHEDULE, optional=True)
+    min_lr: float = key(0.0, "floor of the decay", ge=0, unsupported=MCORE_SCHEDULE + " (min_lr_ratio sets the floor)",
+                        optional=True)
+    weight_decay_incr_style: str = key("constant", "weight decay schedule", unsupported=MCORE_SCHEDULE, optional=True)
+    lr_wsd_decay_style: str = key("exponential", "warmup-stable-decay style", unsupported=MCORE_SCHEDULE,
+                                  optional=True)
+    lr_wsd_decay_steps: Optional[int] = key(None, "warmup-stable-decay steps", ge=1, unsupported=MCORE_SCHEDULE,
+                                            optional=True)
+    use_checkpoint_opt_param_scheduler: bool = key(False, "take the schedule from the checkpoint",
+                                                   unsupported="the schedule is restored with the optimizer state "
+                                                               "when a checkpoint is resumed; leave false",
+                                                   optional=True)
 
 
 @dataclass(frozen=True)
@@ -134,6 +162,11 @@ class CheckpointConfig(Section):
                               items=CHECKPOINT_CONTENTS, read_in=(CKPT,))
     async_save: bool = key(False, "save in a background thread",
                            unsupported="async checkpoint saving is not available; use False")
+
+
+# verl's default entries of override_transformer_config (its yaml carries them, so scripts set them without '+')
+TRANSFORMER_OVERRIDE_DEFAULTS = {"recompute_granularity": None, "recompute_modules": ["core_attn"],
+                                 "recompute_method": None, "recompute_num_layers": None, "attention_backend": "flash"}
 
 
 @dataclass(frozen=True)
@@ -159,15 +192,23 @@ class MegatronConfig(Section):
     optimizer_offload: bool = key(False, "keep optimizer state in host memory", read_in=(MEGATRON,), cpu=HOST_ALREADY,
                                   gpu=NO_MEGATRON_OFFLOAD, npu=NO_MEGATRON_OFFLOAD)
     seed: int = key(42, "Megatron seed", ge=0, read_in=(MEGATRON,))
+    use_dist_checkpointing: bool = key(False, "load the initial weights from a Megatron distributed checkpoint",
+                                       unsupported=NO_DIST_CKPT)
+    dist_checkpointing_path: Optional[str] = key(None, "that checkpoint's directory", unsupported=NO_DIST_CKPT)
+    dist_checkpointing_prefix: str = key("", "key prefix inside that checkpoint", unsupported=NO_DIST_CKPT)
     expert_tensor_parallel_size: Optional[int] = key(None, "expert tensor parallel size", ge=1,
                                                      unsupported=NO_MEGATRON_EP, ok=lambda v: v in (None, 1))
     use_mbridge: bool = key(False, "load HF weights through mbridge (verl); here the engine's own converter loads "
                                    "the same weights for either value", read_in=(MEGATRON,))
     vanilla_mbridge: bool = key(True, "mbridge variant (verl); the same weights load for either value",
                                 read_in=(MEGATRON,))
-    override_transformer_config: dict = key({}, "free-form megatron-core TransformerConfig fields applied over the "
-                                                "engine's (e.g. recompute_granularity=full); fields derived from the "
-                                                "model and the sizes, and CUDA-only fusions on CPU, are refused",
+    override_transformer_config: dict = key(TRANSFORMER_OVERRIDE_DEFAULTS,
+                                            "free-form megatron-core TransformerConfig fields applied over the "
+                                            "engine's (e.g. recompute_granularity=full; null entries are skipped); "
+                                            "fields derived from the model and the sizes, and CUDA-only fusions on "
+                                            "CPU, are refused; attention_backend (Transformer Engine's kernel "
+                                            "choice) is checked and recorded: the engine's layers run megatron-core's "
+                                            "own attention",
                                             read_in=(MEGATRON, "verl/models/mcore/model.py"))
 
 

@@ -9,7 +9,7 @@ import os
 
 from omegaconf import OmegaConf
 
-from verl.models.mcore.settings import check_megatron_settings, transformer_overrides
+from verl.models.mcore.settings import check_megatron_settings, optimizer_overrides, transformer_overrides
 from verl.utils.config import ConfigError
 from verl.utils.device import get_device_name
 
@@ -76,6 +76,9 @@ def check_megatron_config(config, check_files: bool = True) -> None:
         on_cpu = get_device_name() == "cpu"
         try:
             transformer_overrides(meg, f"{prefix}.megatron", on_cpu)
+            if OmegaConf.select(config, f"{prefix}.optim") is not None:
+                optimizer_overrides(_plain(OmegaConf.select(config, f"{prefix}.optim.override_optimizer_config")),
+                                    f"{prefix}.optim.override_optimizer_config", on_cpu)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         tp, pp = _sizes(meg)

@@ -26,8 +26,12 @@ GP = "global_profiler"
 ACTOR = "actor_rollout_ref.actor.profiler"
 PROFILED_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic",
                   "reward_model")
-NO_NSYS = "Nsight Systems profiling is not available (global_profiler.tool=torch records traces); leave the default"
-NO_NPU = "Ascend NPU profiling is not available (global_profiler.tool=torch records traces); leave the default"
+# the nsys / npu tools' own settings: inert unless that tool is chosen, and choosing it is refused before the run
+# starts (check_profiler_config), so any value is accepted, as verl accepts them beside another tool
+NO_NSYS = ("settings of the nsys tool, which is refused before the run starts (global_profiler.tool=torch records "
+           "traces); they would take effect only with that tool")
+NO_NPU = ("settings of the npu tool, which is refused before the run starts (global_profiler.tool=torch records "
+          "traces); they would take effect only with that tool")
 NO_RANGE = ("a torch trace covers whole worker calls of the steps in global_profiler.steps (a mini-batch range "
             "inside an update is not available); leave the default")
 NO_STACK_DEPTH = "the CUDA memory history records stacks at PyTorch's own depth; leave 32"
@@ -43,16 +47,16 @@ NSYS_WORKER_OPTIONS = {**NSYS_CONTROLLER_OPTIONS, "capture-range": "cudaProfiler
 @dataclass(frozen=True)
 class NsysToolConfig(Section):
     discrete: bool = key(False, "one capture per worker call (false: per step)",
-                         follows=f"{GP}.global_tool_config.nsys.discrete", unsupported=NO_NSYS)
+                         follows=f"{GP}.global_tool_config.nsys.discrete", inert=NO_NSYS)
 
 
 @dataclass(frozen=True)
 class NPUToolConfig(Section):
-    contents: list = key([], "what to collect: npu, cpu, memory, shapes, module, stack", unsupported=NO_NPU)
+    contents: list = key([], "what to collect: npu, cpu, memory, shapes, module, stack", inert=NO_NPU)
     level: str = key("level0", "collection level", choices=("level_none", "level0", "level1", "level2"),
-                     unsupported=NO_NPU)
-    analysis: bool = key(True, "parse the collected data", unsupported=NO_NPU)
-    discrete: bool = key(False, "one database per worker call", unsupported=NO_NPU)
+                     inert=NO_NPU)
+    analysis: bool = key(True, "parse the collected data", inert=NO_NPU)
+    discrete: bool = key(False, "one database per worker call", inert=NO_NPU)
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,11 @@ class RolloutProfilerConfig(Section):
 
 @dataclass(frozen=True)
 class NsysGlobalConfig(Section):
-    discrete: bool = key(False, "one capture per worker call (false: per step)", unsupported=NO_NSYS)
+    discrete: bool = key(False, "one capture per worker call (false: per step)", inert=NO_NSYS)
     controller_nsight_options: dict = key(NSYS_CONTROLLER_OPTIONS, "nsys options of the driver process",
-                                          unsupported=NO_NSYS)
+                                          inert=NO_NSYS)
     worker_nsight_options: dict = key(NSYS_WORKER_OPTIONS, "nsys options of the worker processes",
-                                      unsupported=NO_NSYS)
+                                      inert=NO_NSYS)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def _accepts(spec: KeySpec) -> str:
 
 
 def _status(spec: KeySpec) -> str:
-    status = "honoured" if spec.honoured else f"default only: {spec.unsupported}"
+    status = ("honoured" if spec.honoured else f"no effect: {spec.inert}" if spec.inert is not None
+              else f"default only: {spec.unsupported}")
     return status + (" (optional)" if spec.optional else "")
 
 
@@ -82,9 +83,10 @@ def render() -> str:
         for path, spec in table.items():
             if spec.optional and "megatron" in path and not yaml.defaults:
                 continue  # megatron keys are documented under ppo_megatron_trainer.yaml
-            cpu = spec.cpu if spec.honoured or spec.cpu != "yes" else "refused unless default"
-            gpu = spec.gpu if spec.honoured or spec.gpu != "not verified on hardware" else "refused unless default"
-            npu = spec.npu if spec.honoured or spec.npu != "not verified on hardware" else "refused unless default"
+            refused = "no effect" if spec.inert is not None else "refused unless default"
+            cpu = spec.cpu if spec.honoured or spec.cpu != "yes" else refused
+            gpu = spec.gpu if spec.honoured or spec.gpu != "not verified on hardware" else refused
+            npu = spec.npu if spec.honoured or spec.npu != "not verified on hardware" else refused
             row = [f"`{path}`", _default(spec, yaml.defaults.get(path)), _accepts(spec), spec.doc, _status(spec), cpu,
                    gpu, npu]
             out.append("| " + " | ".join(_cell(c) for c in row) + " |")

@@ -7,7 +7,9 @@ registry holds when a value is checked), and the key's status:
 
 - honoured: ``read_in=(paths...)`` names the modules (or packages, ending in ``/``) that read it;
 - rejected unless default: ``unsupported="what is supported instead"``; the value is accepted only when it
-  equals the default (or still follows its interpolation), or when ``ok(value)`` says so.
+  equals the default (or still follows its interpolation), or when ``ok(value)`` says so;
+- no effect: ``inert="why no value changes what runs"``; every value of the right type is accepted (verl's own
+  configs carry such keys: an FSDP1 option under FSDP2, the settings of a tool that is refused on its own).
 
 Everything else is derived from these declarations: validation (:func:`check_config`), "did you mean" hints for
 unknown keys, the typed frozen objects (:func:`build`) and ``docs/config_reference.md``.
@@ -82,6 +84,7 @@ class KeySpec:
     items: Optional[tuple] = None  # allowed elements of a list value
     read_in: tuple = ()
     unsupported: Optional[str] = None
+    inert: Optional[str] = None  # accepted at any value: why no value changes what runs
     ok: Optional[Callable[[Any], bool]] = None
     cpu: str = "yes"
     gpu: str = NOT_VERIFIED
@@ -90,7 +93,7 @@ class KeySpec:
 
     @property
     def honoured(self) -> bool:
-        return self.unsupported is None
+        return self.unsupported is None and self.inert is None
 
     @property
     def free_form(self) -> bool:
@@ -302,6 +305,15 @@ def _lookup(tree: Any, path: str) -> Any:
     return tree
 
 
+# keys that verl's own example config files carry although no verl code reads them: accepted with a warning (a
+# script that runs on verl runs here), where any other unknown key close to a known one is refused as a likely typo
+VERL_UNREAD_KEYS = {
+    "actor_rollout_ref.rollout.sglang_rollout_mode": "verl reads no such key (the rollout mode is rollout.mode)",
+    "reward_model.model.fsdp_config.min_num_params": "verl reads reward_model.model.fsdp_config.wrap_policy."
+                                                     "min_num_params",
+}
+
+
 def check_config(cfg: DictConfig, schema: type, *, skip: Callable[[str], bool] = lambda p: False,
                  choices: Optional[dict] = None, warn: Callable[[str], None] = print,
                  resolved: Optional[dict] = None) -> None:
@@ -319,6 +331,9 @@ def check_config(cfg: DictConfig, schema: type, *, skip: Callable[[str], bool] =
         if path in table or path in sections or path.startswith("hydra") or skip(path):
             continue
         if any(path.startswith(f + ".") for f in free):
+            continue
+        if path in VERL_UNREAD_KEYS:
+            warn(f"warning: '{path}' is ignored: {VERL_UNREAD_KEYS[path]}")
             continue
         close = suggest_keys(path, list(table), cutoff=0.8)
         if close:

@@ -394,13 +394,17 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
 
     import_registrations(config)
     _check_megatron(config, check_files)
-    check_config(config, PPOTrainerConfig, choices=_registry_choices(), resolved=resolved)
-    check_backend_packages(_get(config, "trainer.logger"))
     try:
         device = resolve_device(_get(config, "trainer.device", "auto"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    # a profiler this machine lacks is named first: its tool-specific keys are refused by the schema check otherwise,
+    # with a message that does not say the hardware is what is missing
     check_profiler_config(config, device)
+    if _get(config, f"{AR}.rollout.name") == "sglang" and device == "cpu":  # before the keys of what cannot start
+        raise ConfigError(f"{AR}.rollout.name=sglang needs CUDA; on CPU use {AR}.rollout.name=vllm or hf")
+    check_config(config, PPOTrainerConfig, choices=_registry_choices(), resolved=resolved)
+    check_backend_packages(_get(config, "trainer.logger"))
 
     if OmegaConf.is_missing(config.actor_rollout_ref.rollout, "name"):
         raise ConfigError(

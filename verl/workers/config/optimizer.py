@@ -14,9 +14,6 @@ __all__ = ["OptimizerConfig", "FSDPOptimizerConfig", "McoreOptimizerConfig", "bu
            "VeOmniOptimizerConfig"]
 
 HERE = "verl/workers/config/optimizer.py"
-MCORE_SCHEDULE = ("the Megatron engine runs the same learning-rate schedule as the FSDP engine (optim.lr_warmup_steps "
-                  "/ lr_warmup_steps_ratio, then optim.lr_scheduler_type constant | cosine with min_lr_ratio); leave "
-                  "the default")
 NO_VEOMNI = "the VeOmni engine is not available; use FSDPOptimizerConfig (strategy fsdp / fsdp2) or McoreOptimizerConfig"
 
 
@@ -54,17 +51,7 @@ class CriticFSDPOptimizerConfig(FSDPOptimizerConfig):
 class McoreOptimizerConfig(OptimizerConfig):
     """The optimizer of the Megatron engine. verl's Megatron scheduler keys are accepted at their defaults."""
 
-    lr_warmup_init: float = key(0.0, "learning rate at the start of warm-up", ge=0, unsupported=MCORE_SCHEDULE)
-    lr_decay_steps: Optional[int] = key(None, "decay steps", ge=1, unsupported=MCORE_SCHEDULE)
-    lr_decay_style: str = key("constant", "constant | linear | cosine | inverse_square_root",
-                              unsupported=MCORE_SCHEDULE)
-    min_lr: float = key(0.0, "floor of the decay", ge=0, unsupported=MCORE_SCHEDULE + " (min_lr_ratio sets the floor)")
-    weight_decay_incr_style: str = key("constant", "weight decay schedule", unsupported=MCORE_SCHEDULE)
-    lr_wsd_decay_style: str = key("exponential", "warmup-stable-decay style", unsupported=MCORE_SCHEDULE)
-    lr_wsd_decay_steps: Optional[int] = key(None, "warmup-stable-decay steps", ge=1, unsupported=MCORE_SCHEDULE)
-    use_checkpoint_opt_param_scheduler: bool = key(False, "take the schedule from the checkpoint",
-                                                   unsupported="the schedule is restored with the optimizer state "
-                                                               "when a checkpoint is resumed; leave false")
+    # the scheduler keys verl's McoreOptimizerConfig carries come from the schema (accepted at their defaults)
 
 
 @dataclass(frozen=True)

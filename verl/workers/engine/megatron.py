@@ -37,7 +37,8 @@ from transformers import AutoConfig
 
 from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, iter_hf_tp_shards, load_hf_weights
 from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, megatron_settings,
-                                       transformer_overrides)
+                                       optimizer_overrides, transformer_overrides)
+from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
 from verl.utils.megatron.checkpoint import MegatronCheckpointer, write_hf_dir
@@ -115,15 +116,17 @@ class MegatronEngine(TrainEngine):
             from megatron.core import parallel_state as ps
 
             params = [p for p in model.parameters() if p.requires_grad]
+            torch_kwargs = optimizer_overrides(dict(cfg_get(config.optim, "override_optimizer_config", None) or {}),
+                                               f"{config.name}.optim.override_optimizer_config", on_cpu)
             if s["use_distributed_optimizer"] and ps.get_data_parallel_world_size() > 1:
-                plain = build_optimizer(params, config.optim)  # the class and arguments the config names
+                plain = build_optimizer(params, config.optim, torch_kwargs)  # the class and arguments the config names
                 accepted = inspect.signature(type(plain).__init__).parameters
                 kwargs = {k: v for k, v in plain.defaults.items() if k in accepted and k != "params"}
                 optimizer = ZeroRedundancyOptimizer(params, optimizer_class=type(plain),
                                                     process_group=ps.get_data_parallel_group(), **kwargs)
                 del plain
             else:
-                optimizer = build_optimizer(params, config.optim)
+                optimizer = build_optimizer(params, config.optim, torch_kwargs)
             scheduler = build_lr_scheduler(optimizer, config.optim, config.total_training_steps)
         return cls(model, hf_config, value_head=value_head, optimizer=optimizer, lr_scheduler=scheduler,
                    grad_clip=config.grad_clip, sequence_parallel=s["sequence_parallel"],
