@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,8 +80,11 @@ def colour_data(tmp_path):
 @pytest.mark.e2e
 def test_grpo_tiny_vlm_hf_rollout(tmp_path, colour_data):
     model = make_vlm_model_dir(str(tmp_path / "vlm"), seed=0)
-    code, text, run_dir = _run(tmp_path, _args(colour_data, model))
+    # verl's run_qwen2_5_vl-7b_freeze_vision.sh setting: the vision encoder is frozen, the language model trains
+    code, text, run_dir = _run(tmp_path, _args(colour_data, model,
+                                               extra=("actor_rollout_ref.actor.freeze_vision_tower=True",)))
     assert code == 0, text[-6000:]
+    assert re.search(r"actor: freeze_vision_tower: [1-9]\d* vision-tower parameter tensors frozen", text), text[-3000:]
     steps = _steps(run_dir)
     assert sorted(steps) == [1, 2], text[-3000:]
     for step, m in steps.items():

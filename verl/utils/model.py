@@ -226,3 +226,31 @@ def unwrap_peft(model: nn.Module) -> nn.Module:
     """The transformers model inside a peft wrapper (or the model itself)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
+
+
+VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")  # Qwen2/2.5/3-VL; LLaVA, Gemma 3; Idefics, Mllama
+
+
+def vision_tower(model: nn.Module) -> nn.Module | None:
+    """The vision encoder of a vision-language model (``model.visual`` or ``model.model.visual`` and the other
+    names in ``VISION_TOWER_NAMES``), or None for a text-only model."""
+    base = unwrap_peft(model)
+    for holder in (base, getattr(base, "model", None)):
+        for name in VISION_TOWER_NAMES:
+            found = getattr(holder, name, None) if holder is not None else None
+            if isinstance(found, nn.Module):
+                return found
+    return None
+
+
+def freeze_vision_tower(model: nn.Module, key: str = "actor.freeze_vision_tower") -> int:
+    """``actor.freeze_vision_tower=True``: the vision encoder gets no gradients (and so no optimizer updates); the
+    language model (or its LoRA adapters) still trains. Returns the number of frozen parameter tensors."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ValueError(f"{key}=True, but the model has no vision tower (looked for "
+                         f"{', '.join(VISION_TOWER_NAMES)}); set it to false for a text-only model")
+    params = list(tower.parameters())
+    for p in params:
+        p.requires_grad_(False)
+    return len(params)

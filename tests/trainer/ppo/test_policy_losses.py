@@ -234,6 +234,37 @@ def test_cispo_matches_hand_computation(mode):
     assert clipfrac > 0 and lower > 0
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_sapo_matches_hand_computation(mode):
+    old, new, adv, mask = make_pg(seed=12, spread=0.5)
+    tp, tn = 1.0, 1.05
+    pg, clipfrac, kl, lower = ca.get_policy_loss_fn("sapo")(old, new, adv, mask, mode, {"tau_pos": tp, "tau_neg": tn})
+    o, n, a = tolist(old), tolist(new), tolist(adv)
+    B, L = mask.shape
+
+    def gate(r, tau):
+        return 4.0 / tau / (1.0 + math.exp(-tau * (r - 1.0)))
+
+    loss = [[-gate(math.exp(n[i][t] - o[i][t]), tp if a[i][t] > 0 else tn) * a[i][t] for t in range(L)]
+            for i in range(B)]
+    assert close(pg, agg(loss, mask, mode))
+    assert clipfrac.item() == lower.item() == 0
+    assert close(kl, masked_avg([[o[i][t] - n[i][t] for t in range(L)] for i in range(B)], mask))
+
+
+def test_sapo_gradient_equals_the_policy_gradient_at_ratio_one_and_fades_far_from_it():
+    # d/d logp of -f(exp(logp - old)) * A at logp = old: f'(1) * A * 1 = A (the gate's slope at 1 is 1)
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    adv = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    mask = torch.ones_like(adv)
+    new = old.clone().requires_grad_(True)
+    ca.get_policy_loss_fn("sapo")(old, new, adv, mask, "token-mean", {"tau_pos": 1.0, "tau_neg": 1.05})[0].backward()
+    torch.testing.assert_close(new.grad, -adv / 3)
+    far = torch.full((1, 3), 3.0, dtype=torch.float64, requires_grad=True)  # ratio e^3 ~ 20
+    ca.get_policy_loss_fn("sapo")(old, far, adv, mask, "token-mean", {"tau_pos": 1.0, "tau_neg": 1.05})[0].backward()
+    assert (far.grad.abs() < 1e-3 * (adv.abs() / 3)).all()  # no hard cut-off, but the gradient has faded
+
+
 def test_cispo_gradient_matches_ppo_inside_trust_region_and_keeps_clipped_tokens():
     old, new, adv, mask = make_pg(seed=11, spread=0.5)
     cfg = {"clip_ratio": 0.2}

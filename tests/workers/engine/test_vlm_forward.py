@@ -88,3 +88,25 @@ def test_log_probs_match_transformers_and_do_not_depend_on_micro_batching(tmp_pa
             logits = model(input_ids=ids, **kwargs).logits[0, -R - 1 : -1].double()
         ref = torch.log_softmax(logits, -1).gather(-1, ids[0, -R:, None])[:, 0]
         torch.testing.assert_close(whole[b].double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_freeze_vision_tower_keeps_the_encoder_and_trains_the_language_model(tmp_path, tiny_vlm_dir, parts):
+    from verl.utils.fsdp_utils import build_optimizer
+    from verl.utils.model import freeze_vision_tower, vision_tower
+
+    _, tok, processor = parts
+    model = load_causal_lm(tiny_vlm_dir)
+    data, _ = _batch(tmp_path, tok, processor, [(255, 0, 0), (0, 0, 255)], "f")
+    frozen = freeze_vision_tower(model)
+    tower = vision_tower(model)
+    assert frozen == len(list(tower.parameters())) > 0
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = build_optimizer(model.parameters(), {"lr": 1e-2})  # only what still requires grad
+    _, lp = forward_log_probs(model, data.batch, use_remove_padding=True)
+    lp.sum().backward()
+    optimizer.step()
+    tower_names = {n for n, p in model.named_parameters() if any(p is q for q in tower.parameters())}
+    assert tower_names and all(torch.equal(p, before[n]) for n, p in model.named_parameters() if n in tower_names)
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if n not in tower_names)
+    with pytest.raises(ValueError, match="actor.freeze_vision_tower=True, but the model has no vision tower"):
+        freeze_vision_tower(torch.nn.Linear(2, 2))

@@ -121,10 +121,10 @@ class ActorConfig(Section):
     clip_ratio_low: float = key(0.2, "lower clip range", ge=0, read_in=(LOSS,))
     clip_ratio_high: float = key(0.2, "upper clip range (DAPO clip-higher)", ge=0, read_in=(LOSS,))
     clip_ratio_c: float = key(3.0, "dual-clip bound for negative advantages", gt=1, read_in=(LOSS,))
-    tau_pos: float = key(1.0, "soft-gate temperature (positive advantages)", ge=0,
-                         unsupported="only the SAPO loss reads it, which is not available; leave the default")
-    tau_neg: float = key(1.05, "soft-gate temperature (negative advantages)", ge=0,
-                         unsupported="only the SAPO loss reads it, which is not available; leave the default")
+    tau_pos: float = key(1.0, "SAPO soft-gate temperature for positive advantages (policy_loss.loss_mode=sapo)",
+                         gt=0, read_in=(LOSS,))
+    tau_neg: float = key(1.05, "SAPO soft-gate temperature for negative advantages (policy_loss.loss_mode=sapo)",
+                         gt=0, read_in=(LOSS,))
     loss_agg_mode: str = key("token-mean", "how token losses are averaged", choices=LOSS_AGG_MODES,
                              read_in=(WORKERS, LOSS))
     loss_scale_factor: Optional[float] = key(None, "constant horizon for seq-mean-token-sum-norm", gt=0,
@@ -158,9 +158,8 @@ class ActorConfig(Section):
     tis_imp_ratio_cap: Optional[float] = key(None, "truncated IS cap on pi_old/pi_rollout (older spelling of "
                                              "algorithm.rollout_correction)", gt=0, also=(-1,), also_doc="off",
                                              read_in=(WORKERS,), optional=True)
-    freeze_vision_tower: bool = key(False, "keep a vision-language policy's vision tower frozen",
-                                    unsupported="the whole policy is trained (or its LoRA adapters with "
-                                                "model.lora_rank > 0); leave false")
+    freeze_vision_tower: bool = key(False, "keep a vision-language policy's vision tower frozen (no gradients, no "
+                                    "updates; the language model or its LoRA adapters train)", read_in=(ENGINE,))
     policy_loss: PolicyLossConfig = section(PolicyLossConfig)
     router_replay: RouterReplayConfig = section(RouterReplayConfig)
     checkpoint: CheckpointConfig = section(CheckpointConfig)

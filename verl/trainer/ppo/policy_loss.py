@@ -34,6 +34,7 @@ __all__ = [
     "compute_policy_loss_kl_cov",
     "compute_policy_loss_geo_mean",
     "compute_policy_loss_cispo",
+    "compute_policy_loss_sapo",
     "compute_entropy_loss",
     "compute_value_loss",
 ]
@@ -369,6 +370,30 @@ def compute_policy_loss_cispo(
     pg_clipfrac = verl_F.masked_mean((ratio > 1 + eps_high).float(), response_mask)
     pg_clipfrac_lower = verl_F.masked_mean((ratio < 1 - eps_low).float(), response_mask)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
+    """SAPO (Qwen 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347): a smooth gate instead of the hard clip.
+
+        L_t = -f(r_t) * A_t,   f(r) = sigmoid(tau * (r - 1)) * 4 / tau,   tau = tau_pos if A_t > 0 else tau_neg
+
+    (``actor.tau_pos`` / ``actor.tau_neg``). At r = 1 the gate's slope is 1, so the gradient equals the
+    policy-gradient one there; away from it the gradient fades smoothly instead of dropping to zero at
+    1 +- eps. The paper averages per sequence (``loss_agg_mode=seq-mean-token-mean``); the configured mode is used.
+    No token is clipped: ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0.
+    """
+    tau_pos = float(cfg_get(config, "tau_pos", 1.0))
+    tau_neg = float(cfg_get(config, "tau_neg", 1.05))
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    pg_loss = agg_loss(_weighted(-gate * advantages, rollout_is_weights), response_mask, loss_agg_mode)
+    ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
+    return pg_loss, _zero(pg_loss), ppo_kl, _zero(pg_loss)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -100,6 +100,7 @@ class EngineConfig:
     share_prompt_prefix: bool = False  # rows sharing a prompt computed as one packed row (FSDP engine)
     fused_chunk_size: int = 0  # model.use_fused_kernels: log-probs from hidden states in chunks of tokens (0: off)
     use_torch_compile: bool = False  # <role>.use_torch_compile: decoder layers compiled (verl.utils.compile)
+    freeze_vision_tower: bool = False  # actor.freeze_vision_tower: a VLM's vision encoder gets no updates
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
@@ -160,6 +161,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         share_prompt_prefix=model.share_prompt_prefix,
         fused_chunk_size=_fused_chunk_size(actor.use_fused_kernels),  # the actor's key follows the model's
         use_torch_compile=actor.use_torch_compile and actor.fsdp_config.use_torch_compile,
+        freeze_vision_tower=actor.freeze_vision_tower,
         **_weights(model, actor.fsdp_config),
     )
 

@@ -29,7 +29,7 @@ from verl.utils.fsdp_utils import (GATHER_BUCKET_BYTES, apply_fsdp2, apply_lora,
                                    enable_gradient_checkpointing, gathered_bytes, is_peft_model, iter_full_state_dict,
                                    load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
                                    offload_fsdp_optimizer)
-from verl.utils.model import load_causal_lm, load_reward_model, load_value_model
+from verl.utils.model import freeze_vision_tower, load_causal_lm, load_reward_model, load_value_model
 from verl.utils.ulysses import UlyssesGroups, check_ulysses_size, init_ulysses_groups
 from verl.workers.engine.base import TrainEngine
 from verl.utils.varlen_attention import packs_with_varlen_attention, use_varlen_attention
@@ -123,6 +123,9 @@ class FSDPEngine(TrainEngine):
             module.enable_input_require_grads()
             module = apply_lora(module, config.lora_rank, lora_alpha=config.lora_alpha,
                                 target_modules=config.target_modules, exclude_modules=config.exclude_modules)
+        if trainable and config.freeze_vision_tower:
+            frozen = freeze_vision_tower(module, key=f"{config.name}.freeze_vision_tower")
+            logger.warning("%s: freeze_vision_tower: %d vision-tower parameter tensors frozen", config.name, frozen)
         if trainable and config.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
         ulysses = None
