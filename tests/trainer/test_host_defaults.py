@@ -223,3 +223,19 @@ def test_the_block_names_a_onednn_cap(monkeypatch):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     assert "capped" not in host_defaults._cpu_isa()
+
+
+def test_an_enabled_reward_model_without_a_micro_batch_scores_in_log_prob_micro_batches(monkeypatch, defaults):
+    # verl's reward-loop scripts (run_qwen2-7b_rm.sh ...) enable the reward model and set no micro batch for it
+    monkeypatch.setattr(host_defaults, "resolve_device", lambda value: "cuda")  # on every device
+    on = ["reward_model.enable=True", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16"]
+    cfg = _compose(on)
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, "reward_model.micro_batch_size_per_gpu") == 16
+    assert any(c[0] == "reward_model.micro_batch_size_per_gpu" and c[2] == 16 for c in choices.changed)
+    for kept in (on + ["reward_model.micro_batch_size_per_gpu=4"], on + ["reward_model.micro_batch_size=8"],
+                 on[1:], on[:1]):  # set by the user, the global spelling, no reward model, nothing to take it from
+        cfg = _compose(kept)
+        before = _select(cfg, "reward_model.micro_batch_size_per_gpu")
+        resolve_host_defaults(cfg, set(), defaults)
+        assert _select(cfg, "reward_model.micro_batch_size_per_gpu") == before, kept

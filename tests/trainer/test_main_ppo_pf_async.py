@@ -1,9 +1,10 @@
-"""End-to-end: PF-PPO and the asynchronous reward function together, `python -m verl.trainer.main_ppo`, 2 steps.
+"""End-to-end: PF-PPO, the asynchronous reward function and reward-loop workers together, `python -m
+verl.trainer.main_ppo`, 2 steps.
 
-PPO with GAE (PF-PPO resamples only with GAE, as in verl), `algorithm.pf_ppo.reweight_method=max_min`, and
-`reward_model.launch_reward_fn_async=True`. The scoring function logs every call with where it ran: a Ray task
-(the async reward) or the TaskRunner actor (the driver: synchronous validation). Reuses the assets and helpers
-of test_main_ppo_e2e.py.
+PPO with GAE (PF-PPO resamples only with GAE, as in verl), `algorithm.pf_ppo.reweight_method=max_min`,
+`reward_model.launch_reward_fn_async=True` and `reward_model.num_workers=2`: the Ray task of the async reward hands
+the rows to two reward-loop actors. The scoring function logs every call with the process it ran in. Reuses the
+assets and helpers of test_main_ppo_e2e.py.
 """
 
 import json
@@ -43,14 +44,18 @@ def test_pf_ppo_max_min_with_async_reward(assets, tmp_path):  # noqa: F811
         "algorithm.use_pf_ppo=True",
         "algorithm.pf_ppo.reweight_method=max_min",
         "reward_model.launch_reward_fn_async=True",
+        "reward_model.num_workers=2",
         f"trainer.rollout_data_dir={run / 'rollouts'}",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
     ])
     assert sorted(metrics) == [1, 2]
     calls = [json.loads(line) for line in calls_log.read_text().splitlines()]
-    # every training score came from the Ray task; nothing was scored in the driver
-    assert [c["where"] for c in calls] == ["task"] * (steps * rows)
+    # every training score came from the two reward-loop actors (half of each step's rows each), none from the
+    # driver or the async task itself
+    assert [c["where"] for c in calls] == ["actor"] * (steps * rows)
+    pids = [c["pid"] for c in calls]
+    assert len(set(pids)) == 2 and all(pids.count(p) == steps * rows // 2 for p in set(pids))
 
     for step in (1, 2):
         m = metrics[step]

@@ -24,6 +24,9 @@ model's training state usually fits in RAM many times over, so recomputing activ
   per worker process. A value you set is used as set (and checked);
 - ``use_torch_compile`` (actor, reference, critic; verl's default True) to False on CPU: compiling the decoder
   layers costs 10-45 s per worker process before the first step. On GPUs and NPUs the default compiles them;
+- ``reward_model.micro_batch_size_per_gpu`` (on every device), when the reward model is enabled and no micro batch
+  of it is set (verl's reward-loop scripts set none): the rollout's ``log_prob_micro_batch_size_per_gpu``, a
+  forward over the same sequences;
 - the environment variables ``RAY_worker_niceness`` to 0 and ``RAY_max_direct_call_object_size`` to 1 MiB when
   this run starts its own Ray: Ray runs workers at nice 15, which on CPU (where the workers do the compute) lets
   any other busy process preempt them, and sends call arguments over 100 KiB through its object store, which
@@ -31,7 +34,7 @@ model's training state usually fits in RAM many times over, so recomputing activ
 
 A key the user set stays as set: ``explicit`` holds the keys given on the command line (Hydra overrides); keys
 whose value differs from the shipped yaml's default also count as set. On GPU and NPU only the HF rollout's
-tensor-parallel size changes (and nothing else). The
+tensor-parallel size and the reward model's unset micro batch change (and nothing else). The
 returned :class:`HostChoices` prints as one block that says what was chosen and why.
 """
 
@@ -256,6 +259,27 @@ def resolve_torch_compile(config: DictConfig, device: str, explicit: set[str] | 
     return changes
 
 
+RM_MICRO_KEY = "reward_model.micro_batch_size_per_gpu"
+LOG_PROB_MICRO_KEY = f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"
+
+
+def resolve_reward_model_micro_batch(config: DictConfig):
+    """An enabled reward model with no micro batch (verl's reward-loop scripts set none: its reward server batches
+    by itself) scores in micro-batches of the rollout's log-prob pass, a forward over the same sequences. Returns
+    the change made, or None."""
+    rm = OmegaConf.select(config, "reward_model", default=None)
+    if rm is None or not rm.get("enable", False) or rm.get("use_dynamic_bsz", False):
+        return None
+    if rm.get("micro_batch_size_per_gpu") is not None or rm.get("micro_batch_size") is not None:
+        return None
+    micro = OmegaConf.select(config, LOG_PROB_MICRO_KEY, default=None)
+    if micro is None:
+        return None  # validation names both keys
+    _set(config, RM_MICRO_KEY, int(micro))
+    return (RM_MICRO_KEY, None, int(micro), f"unset: the reward model scores in micro-batches of the rollout's "
+                                            f"log-prob pass ({LOG_PROB_MICRO_KEY})")
+
+
 def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
                           defaults: DictConfig | None = None) -> HostChoices:
     """Apply the host-aware choices to ``config`` (in place, before validation); see the module docstring."""
@@ -270,6 +294,9 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
     if change is not None:
         choices.changed.append(change)
     choices.changed.extend(resolve_torch_compile(config, device, explicit, defaults))
+    change = resolve_reward_model_micro_batch(config)
+    if change is not None:
+        choices.changed.append(change)
     if device != "cpu":
         return choices
     choices.isa = _cpu_isa()

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.single_controller.ray import RayWorkerGroup
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
-from verl.trainer.ppo.reward import load_reward_manager
+from verl.trainer.ppo.reward import RewardLoop, load_reward_manager
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
 from verl.utils.fs import copy_to_local
@@ -108,6 +108,11 @@ class TaskRunner:
         reward_kwargs = dict(OmegaConf.to_container(reward_kwargs_node, resolve=True)) if reward_kwargs_node else {}
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
         val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
+        num_reward_workers = int(OmegaConf.select(config, "reward_model.num_workers", default=1) or 1)
+        if num_reward_workers > 1:  # the reward function scores slices of each batch in that many Ray actors
+            reward_fn = RewardLoop(reward_fn, num_reward_workers)
+            val_reward_fn = RewardLoop(val_reward_fn, num_reward_workers)
+            print(f"Reward function: {num_reward_workers} reward-loop workers score each batch in parallel")
 
         train_dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True)
         val_dataset = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False)

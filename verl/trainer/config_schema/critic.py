@@ -14,8 +14,9 @@ from verl.trainer.config_schema.spec import Section, key, picked, section
 
 EXTERNAL_LIB = "custom model classes are imported from actor_rollout_ref.model.external_lib; set that instead"
 NO_CRITIC_LORA = "the critic trains all its parameters here (LoRA on the critic is not available); leave the default"
-NO_GENRM = ("a generative reward model (reward_model.rollout) is not available; use a sequence-classification "
-            "reward model (reward_model.model.path) or a rule-based reward")
+NO_GENRM = ("verl's reward-server engine: here the reward model (reward_model.model.path, a sequence classifier) is "
+            "scored by its own training-engine worker, which computes the same scores, so these settings change "
+            "nothing; a generative reward model served from here is not available")
 NO_REWARD_LOOP = ("the reward loop is not available; rewards come from the reward manager (reward_manager.source / "
                   "reward_manager.name)")
 
@@ -116,29 +117,29 @@ class RMModelConfig(Section):
 
 @dataclass(frozen=True)
 class RMRolloutConfig(Section):
-    """``reward_model.rollout``: a generative reward model's engine (not available)."""
+    """``reward_model.rollout``: the engine of verl's reward server (no effect here: see ``NO_GENRM``)."""
 
-    name: str = key("???", "engine of a generative RM", unsupported=NO_GENRM)
-    dtype: str = key("bfloat16", "engine dtype", unsupported=NO_GENRM)
-    gpu_memory_utilization: float = key(0.5, "GPU memory fraction", gt=0, le=1, unsupported=NO_GENRM)
-    enforce_eager: bool = key(True, "no CUDA graphs", unsupported=NO_GENRM)
-    free_cache_engine: bool = key(True, "release the KV cache", unsupported=NO_GENRM)
-    data_parallel_size: int = key(1, "engine data parallel size", ge=1, unsupported=NO_GENRM)
-    expert_parallel_size: int = key(1, "engine expert parallel size", ge=1, unsupported=NO_GENRM)
-    tensor_model_parallel_size: int = key(2, "engine tensor parallel size", ge=1, unsupported=NO_GENRM)
-    max_num_batched_tokens: int = key(8192, "scheduler token budget", ge=1, unsupported=NO_GENRM)
-    max_model_len: Optional[int] = key(None, "context length", ge=1, unsupported=NO_GENRM)
-    max_num_seqs: int = key(1024, "concurrent sequences", ge=1, unsupported=NO_GENRM)
-    load_format: str = key("auto", "weight loading", unsupported=NO_GENRM)
-    limit_images: Optional[int] = key(None, "images per prompt", ge=0, unsupported=NO_GENRM)
-    enable_chunked_prefill: bool = key(True, "chunked prefill", unsupported=NO_GENRM)
-    enable_prefix_caching: bool = key(True, "prefix caching", unsupported=NO_GENRM)
-    disable_log_stats: bool = key(True, "silence engine stats", unsupported=NO_GENRM)
-    prompt_length: int = key(2048, "prompt budget", ge=1, unsupported=NO_GENRM)
-    response_length: int = key(2048, "max new tokens", ge=1, unsupported=NO_GENRM)
-    cudagraph_capture_sizes: Optional[list] = key(None, "CUDA graph batch sizes", unsupported=NO_GENRM)
-    engine_kwargs: dict = key({}, "free-form engine arguments", unsupported=NO_GENRM)
-    skip_tokenizer_init: bool = key(False, "start the engine without a tokenizer", unsupported=NO_GENRM)
+    name: str = key("???", "engine of a generative RM", inert=NO_GENRM)
+    dtype: str = key("bfloat16", "engine dtype", inert=NO_GENRM)
+    gpu_memory_utilization: float = key(0.5, "GPU memory fraction", gt=0, le=1, inert=NO_GENRM)
+    enforce_eager: bool = key(True, "no CUDA graphs", inert=NO_GENRM)
+    free_cache_engine: bool = key(True, "release the KV cache", inert=NO_GENRM)
+    data_parallel_size: int = key(1, "engine data parallel size", ge=1, inert=NO_GENRM)
+    expert_parallel_size: int = key(1, "engine expert parallel size", ge=1, inert=NO_GENRM)
+    tensor_model_parallel_size: int = key(2, "engine tensor parallel size", ge=1, inert=NO_GENRM)
+    max_num_batched_tokens: int = key(8192, "scheduler token budget", ge=1, inert=NO_GENRM)
+    max_model_len: Optional[int] = key(None, "context length", ge=1, inert=NO_GENRM)
+    max_num_seqs: int = key(1024, "concurrent sequences", ge=1, inert=NO_GENRM)
+    load_format: str = key("auto", "weight loading", inert=NO_GENRM)
+    limit_images: Optional[int] = key(None, "images per prompt", ge=0, inert=NO_GENRM)
+    enable_chunked_prefill: bool = key(True, "chunked prefill", inert=NO_GENRM)
+    enable_prefix_caching: bool = key(True, "prefix caching", inert=NO_GENRM)
+    disable_log_stats: bool = key(True, "silence engine stats", inert=NO_GENRM)
+    prompt_length: int = key(2048, "prompt budget", ge=1, inert=NO_GENRM)
+    response_length: int = key(2048, "max new tokens", ge=1, inert=NO_GENRM)
+    cudagraph_capture_sizes: Optional[list] = key(None, "CUDA graph batch sizes", inert=NO_GENRM)
+    engine_kwargs: dict = key({}, "free-form engine arguments", inert=NO_GENRM)
+    skip_tokenizer_init: bool = key(False, "start the engine without a tokenizer", inert=NO_GENRM)
 
 
 NO_SANDBOX = ("sandboxed code execution (Sandbox Fusion) is not available; score code with your own function "
@@ -185,7 +186,8 @@ class RewardModelConfig(Section):
     use_reward_loop: bool = key(True, "verl's switch between its reward loop and its reward-model worker",
                                 inert="for either value rewards come from the reward manager and the reward-model "
                                       "worker (verl's use_reward_loop=False path)")
-    num_workers: int = key(1, "reward-loop workers", ge=1, unsupported=NO_REWARD_LOOP)
+    num_workers: int = key(1, "Ray actors that run the reward function on slices of each batch at once (1: the "
+                              "trainer scores the batch itself)", ge=1, read_in=(RUNNER, REWARD))
     reward_kwargs: dict = key({}, "free-form keyword arguments of the reward manager", read_in=(MAIN, REWARD))
     overlong_buffer: Optional[dict] = key(None, "DAPO overlong penalty (recipe spelling; free-form)", read_in=(REWARD,),
                                           optional=True)

@@ -1,7 +1,8 @@
 """Building the reward function the PPO trainer calls: custom scorer loading and reward-manager selection.
 
 Config keys (verl's): ``custom_reward_function.{path, name, reward_kwargs}``, ``reward_model.reward_manager``,
-``reward_manager.{source, name, module.path, module.name}``, ``reward_model.reward_kwargs``, ``data.reward_fn_key``.
+``reward_manager.{source, name, module.path, module.name}``, ``reward_model.reward_kwargs``, ``data.reward_fn_key``,
+``reward_model.num_workers`` (the reward function scores in that many Ray actors at once: :class:`RewardLoop`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 import ray
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import get_reward_manager_cls
 
 __all__ = ["CustomRewardFunction", "get_custom_reward_fn", "load_reward_manager", "compute_reward", "compute_reward_async",
-           "load_extern_object"]
+           "load_extern_object", "RewardLoop", "RewardLoopWorker"]
 
 
 def _get(config: Any, dotted: str, default: Any = None) -> Any:
@@ -187,3 +189,43 @@ def compute_reward_async(data, config=None, tokenizer=None, reward_fn=None):
             raise ValueError("compute_reward_async needs reward_fn, or config and tokenizer to build one")
         reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
     return compute_reward(data, reward_fn)
+
+
+@ray.remote(num_cpus=0)
+class RewardLoopWorker:
+    """One of ``reward_model.num_workers`` Ray actors that score rows with the reward function (kept in the actor
+    from its start, so it is sent once)."""
+
+    def __init__(self, reward_fn: Callable):
+        self.reward_fn = reward_fn
+
+    def score(self, data) -> tuple[Any, dict[str, list]]:
+        return compute_reward(data, self.reward_fn)
+
+
+class RewardLoop:
+    """``reward_model.num_workers > 1``: the reward function scores a batch in that many Ray actors at once, each
+    taking a contiguous slice of the rows; the scores and extra infos come back in row order, the same as one
+    call of the function on the whole batch. Worth it when scoring is slow (sandboxed code, a remote judge).
+
+    A callable with the reward managers' signature, so it stands wherever a reward function does."""
+
+    def __init__(self, reward_fn: Callable, num_workers: int):
+        if num_workers < 1:
+            raise ValueError(f"reward_model.num_workers={num_workers} must be >= 1")
+        self.num_workers = int(num_workers)
+        self.workers = [RewardLoopWorker.remote(reward_fn) for _ in range(self.num_workers)]
+
+    def __call__(self, data, return_dict: bool = False):
+        n = len(data)
+        bounds = [n * i // self.num_workers for i in range(self.num_workers + 1)]
+        parts = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+        results = ray.get([w.score.remote(data.slice(lo, hi)) for w, (lo, hi) in zip(self.workers, parts)])
+        tensor = torch.cat([r[0] for r in results], dim=0)
+        extra: dict[str, list] = {}
+        for k in {k for _, infos in results for k in infos}:
+            if all(k in infos for _, infos in results):  # a key only some slices report would misalign rows
+                extra[k] = [v for _, infos in results for v in infos[k]]
+        if return_dict:
+            return {"reward_tensor": tensor, "reward_extra_info": extra}
+        return tensor
