@@ -260,6 +260,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             self.rollout_sharding_manager = FSDPRolloutShardingManager(
                 engine.module, self.rollout, device_mesh=self.device_mesh,
                 layered_summon=bool(cfg_get(rollout_cfg, "layered_summon", RolloutConfig.layered_summon)),
+                multi_stage_wake_up=bool(cfg_get(rollout_cfg, "multi_stage_wake_up", False)),
                 full_state_iter=stream, tp_pieces=push == "tp_pieces", stream_stats=stats,
                 base_state_iter=lambda module: engine.onloaded(iter_base_tensors(module)),
                 adapter_state_iter=lambda module: engine.onloaded(iter_lora_adapter_tensors(module)))

@@ -226,3 +226,29 @@ def test_interaction_replies_as_a_user_turn_until_correct(tok, tmp_path):
     # no interaction_kwargs: the first answer ends the episode
     out, server = run_episode(tok, cfg, ["It is 7."])
     assert len(server.prompts) == 1 and out.extra_fields["turn_scores"] == []
+
+
+def test_qwen_tool_call_format_is_hermes_syntax(tok):
+    # verl's search-R1 example config sets multi_turn.format=qwen (SGLang's parser name for Qwen2.5's syntax)
+    from verl.experimental.agent_loop.tool_parser import HermesToolParser, ToolParser
+
+    parser = ToolParser.get_tool_parser("qwen", tok)
+    assert isinstance(parser, HermesToolParser)
+    rest, calls, errors = parser.parse('Let me look. <tool_call>{"name": "search", "arguments": {"query": "x"}}'
+                                       '</tool_call>')
+    assert rest == "Let me look." and [c.name for c in calls] == ["search"] and errors == []
+
+
+def test_gsm8k_interaction_grades_the_latest_answer_strictly(tok, tmp_path):
+    from verl.interactions.gsm8k_interaction import WRONG
+
+    ipath = tmp_path / "gsm8k_interaction.yaml"
+    ipath.write_text("interaction:\n  - name: gsm8k\n"
+                     "    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n    config: {}\n")
+    cfg = arr_config(tool_config(tmp_path), interaction_config_path=str(ipath))
+    # "56088" without the #### marker is wrong for the strict scorer; the second answer is right
+    out, server = run_episode(tok, cfg, ["It is 56088.", "So #### 56088"],
+                              interaction_kwargs={"name": "gsm8k", "ground_truth": "56088"})
+    assert len(server.prompts) == 2 and out.extra_fields["turn_scores"] == [0.0, 1.0]
+    user_text = tok.decode([t for t, m in zip(out.response_ids, out.response_mask) if m == 0])
+    assert WRONG in user_text

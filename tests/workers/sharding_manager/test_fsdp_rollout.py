@@ -152,3 +152,53 @@ def test_lora_actor_adapter_only_push_sends_base_once(model_dir):
     # lora_merge=True (or an engine without adapters) keeps the merged full push
     merged = FSDPRolloutShardingManager(actor, engine, lora_merge=True)
     assert not merged.lora_adapter_push
+
+
+class _WakeRecorder:
+    """An engine that records its wake-ups and weight pushes, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def resume(self, tags=None):
+        self.calls.append(("resume", tags))
+
+    def release_cache(self):
+        self.calls.append(("release", None))
+
+    def update_weights(self, tensors):
+        self.calls.append(("push", len(list(tensors))))
+
+
+def test_multi_stage_wake_up_wakes_the_weights_for_the_push_and_the_cache_after_it(model_dir):
+    staged, plain = _WakeRecorder(), _WakeRecorder()
+    with FSDPRolloutShardingManager(_load(model_dir), staged, multi_stage_wake_up=True):
+        pass
+    with FSDPRolloutShardingManager(_load(model_dir), plain):
+        pass
+    assert [c[0] for c in staged.calls] == ["resume", "push", "resume", "release"]
+    assert staged.calls[0][1] == ("weights",) and staged.calls[2][1] == ("kv_cache",)
+    assert [c[0] for c in plain.calls] == ["resume", "push", "release"] and plain.calls[0][1] is None
+
+
+def test_vllm_rollout_wakes_by_part_and_is_awake_when_both_parts_are():
+    from verl.workers.rollout.vllm_rollout.vllm_rollout import vLLMRollout
+
+    class _LLM:
+        def __init__(self):
+            self.calls = []
+
+        def wake_up(self, tags=None):
+            self.calls.append(tags)
+
+    rollout = object.__new__(vLLMRollout)  # the wake-up bookkeeping only (no engine is started)
+    rollout.llm, rollout._sleeping, rollout._woken = _LLM(), True, set()
+    rollout.resume(("weights",))
+    assert rollout.llm.calls == [["weights"]] and rollout._sleeping
+    rollout.resume(("weights",))  # already awake: nothing
+    rollout.resume(("kv_cache",))
+    assert rollout.llm.calls == [["weights"], ["kv_cache"]] and not rollout._sleeping
+    rollout.resume()  # awake: nothing
+    rollout._sleeping = True
+    rollout.resume()  # everything at once: vLLM's plain wake_up()
+    assert rollout.llm.calls[-1] is None and not rollout._sleeping

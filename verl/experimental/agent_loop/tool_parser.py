@@ -57,6 +57,7 @@ class ToolParser:
         raise NotImplementedError
 
 
+@ToolParser.register("qwen")  # Qwen2.5 / Qwen3 write hermes' syntax; SGLang's parser of that name reads the same
 @ToolParser.register("hermes")
 class HermesToolParser(ToolParser):
     start, end = "<tool_call>", "</tool_call>"

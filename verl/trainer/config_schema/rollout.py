@@ -109,6 +109,21 @@ NO_PROMETHEUS = ("the engines run inside the workers, without an HTTP server for
                  "metrics are logged with the step's metrics; leave the default")
 
 
+NO_SERVER = ("settings of the HTTP server mode of verl's SGLang rollout; the engines here run inside the worker "
+             "processes and are called directly, so no value changes what runs")
+
+
+@dataclass(frozen=True)
+class ServerConfig(Section):
+    """``rollout.server`` (verl's ServerConfig; set by its server-mode example configs): no effect here."""
+
+    timeout: float = key(60.0, "seconds a request to the server may take", gt=0, inert=NO_SERVER)
+    max_attempts: int = key(3, "tries per request", ge=1, inert=NO_SERVER)
+    retry_delay: float = key(2.0, "seconds between tries", ge=0, inert=NO_SERVER)
+    max_connections: int = key(1000, "concurrent connections to the server", ge=1, inert=NO_SERVER)
+    max_start_wait_time: float = key(300.0, "seconds to wait for the server to start", gt=0, inert=NO_SERVER)
+
+
 @dataclass(frozen=True)
 class PrometheusConfig(Section):
     """``rollout.prometheus``: verl's Prometheus scraping of server-mode engines (not available)."""
@@ -174,8 +189,9 @@ class RolloutConfig(Section):
                                               read_in=(WORKERS,))
     over_sample_rate: float = key(0, "extra prompts sampled then dropped", ge=0,
                                   unsupported="over-sampling is not available; leave 0")
-    multi_stage_wake_up: bool = key(False, "wake the engine's weights and KV cache separately",
-                                    unsupported="not available; leave false")
+    multi_stage_wake_up: bool = key(False, "wake a sleeping engine's weights for the weight push and its KV cache "
+                                    "only after it (lower peak memory; GPU engines sleep, CPU ones never do)",
+                                    read_in=(WORKERS, SHARDING), cpu="no effect (the CPU engine never sleeps)")
     calculate_log_probs: bool = key(False, "return the engine's log-probs",
                                     unsupported="the engine's log-probs are always returned here (batch key "
                                                 "rollout_log_probs); remove the override")
@@ -203,6 +219,7 @@ class RolloutConfig(Section):
                                               unsupported="the supported architectures have no experts; leave false")
     trace: TraceConfig = section(TraceConfig)
     prometheus: PrometheusConfig = section(PrometheusConfig)
+    server: ServerConfig = section(ServerConfig, optional=True)
     multi_turn: MultiTurn = section(MultiTurn)
     agent: AgentConfig = section(AgentConfig)
     engine_kwargs: EngineKwargs = section(EngineKwargs)

@@ -19,7 +19,7 @@ import inspect
 from typing import Any, Callable
 
 # the scorers use only the standard library (math-verify, which is heavy, is imported by its wrapper on first use)
-from verl.utils.reward_score import arithmetic, countdown, gsm8k, gsm_symbolic, math_dapo, math_verify
+from verl.utils.reward_score import arithmetic, countdown, geo3k, gsm8k, gsm_symbolic, math_dapo, math_verify
 from verl.utils.reward_score import math as math_score
 
 __all__ = ["default_compute_score", "register_score_fn", "get_score_fn", "require_score_fn",
@@ -102,6 +102,11 @@ def _score_math(solution_str, ground_truth, extra_info=None, use_math_verify=Tru
     if answer is None or not use_math_verify:
         return 0.0
     return math_verify.compute_score("\\boxed{" + answer + "}", str(ground_truth))
+
+
+@register_score_fn("hiyouga/geometry3k")
+def _score_geo3k(solution_str, ground_truth, extra_info=None, use_boxed=True, format_score=0.1):
+    return geo3k.compute_score(solution_str, ground_truth, use_boxed=use_boxed, format_score=format_score)
 
 
 @register_score_fn("math_dapo")

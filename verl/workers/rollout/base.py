@@ -47,5 +47,7 @@ class BaseRollout(ABC):
     def release_cache(self) -> None:
         """Free generation-time memory (KV cache; GPU engines go to sleep). Default: nothing to free."""
 
-    def resume(self) -> None:
-        """Get ready for a weight push / generation (GPU engines wake up). Default: nothing to do."""
+    def resume(self, tags: tuple[str, ...] | None = None) -> None:
+        """Get ready for a weight push / generation (GPU engines wake up). ``tags``: wake only that part,
+        ``("weights",)`` before the push and ``("kv_cache",)`` after it (``rollout.multi_stage_wake_up``: the KV
+        cache is not allocated while the push needs memory); None wakes everything. Default: nothing to do."""

@@ -301,5 +301,5 @@ class HFRollout(BaseRollout):
     def release_cache(self) -> None:
         """The KV cache lives only inside one ``generate_sequences`` call; nothing persists to free."""
 
-    def resume(self) -> None:
+    def resume(self, tags: tuple[str, ...] | None = None) -> None:
         """Nothing to wake up: the model copy stays resident."""

@@ -202,8 +202,9 @@ class FSDPRolloutShardingManager(BaseShardingManager):
                  device_mesh=None, offload_param: bool = False, skip_weight_sync: bool | None = None,
                  lora_merge: bool = False, base_state_iter: Callable | None = None,
                  adapter_state_iter: Callable | None = None, layered_summon: bool = False, tp_pieces: bool = False,
-                 stream_stats: dict | None = None, **_ignored):
+                 stream_stats: dict | None = None, multi_stage_wake_up: bool = False, **_ignored):
         self.module = module
+        self.multi_stage_wake_up = bool(multi_stage_wake_up)
         self.tp_pieces = bool(tp_pieces)
         self.stream_stats = stream_stats if stream_stats is not None else {}
         self.layered_summon = bool(layered_summon)
@@ -278,7 +279,11 @@ class FSDPRolloutShardingManager(BaseShardingManager):
 
     def __enter__(self):
         self.timing = {"update_weights": 0.0}
-        self.rollout.resume()
+        # rollout.multi_stage_wake_up: the weights wake for the push, the KV cache only after it
+        if self.multi_stage_wake_up:
+            self.rollout.resume(("weights",))
+        else:
+            self.rollout.resume()
         if self.weights_stale:
             if self.skip_weight_sync:
                 logger.warning("%s is set: NOT pushing actor weights (version %d) into the rollout engine",
@@ -286,6 +291,8 @@ class FSDPRolloutShardingManager(BaseShardingManager):
             else:
                 self.timing["update_weights"] = self.sync_weights()
             self._pushed_version = self.weight_version
+        if self.multi_stage_wake_up:
+            self.rollout.resume(("kv_cache",))
         return self
 
     def __exit__(self, exc_type, exc, tb):

@@ -119,6 +119,7 @@ class SGLangRollout(BaseRollout):
         self.engine_kwargs = _engine_kwargs(config, str(model_path), trust_remote_code)
         self.engine = sglang.Engine(**self.engine_kwargs)
         self._released = False
+        self._woken: set[str] = set()  # parts resumed so far by a staged wake-up (rollout.multi_stage_wake_up)
         self.eos_token_id, self.pad_token_id = resolve_special_tokens(generation_config, tokenizer, model_hf_config)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -164,10 +165,21 @@ class SGLangRollout(BaseRollout):
             self.engine.release_memory_occupation()
             self._released = True
 
-    def resume(self) -> None:
-        if self._released:
+    def resume(self, tags: tuple[str, ...] | None = None) -> None:
+        """Resume the released memory, all at once or one part (``tags``: SGLang's ``weights`` / ``kv_cache``) at
+        a time (``rollout.multi_stage_wake_up``)."""
+        if not self._released:
+            return
+        pending = [t for t in (tags or ("weights", "kv_cache")) if t not in self._woken]
+        if not pending:
+            return
+        if tags is None and not self._woken:
             self.engine.resume_memory_occupation()
-            self._released = False
+        else:
+            self.engine.resume_memory_occupation(tags=pending)
+        self._woken.update(pending)
+        if self._woken >= {"weights", "kv_cache"}:
+            self._released, self._woken = False, set()
 
     def shutdown(self) -> None:
         engine = getattr(self, "engine", None)

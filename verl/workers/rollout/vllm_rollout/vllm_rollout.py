@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 _WRAPPER_SEGMENTS = frozenset({"module", "_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
+WAKE_TAGS = ("weights", "kv_cache")  # what a sleeping engine holds: wake weights first, then the cache
+
 
 def refuse_vision_model_without_torchvision(model_path: str) -> None:
     """vLLM's vision-language models (Qwen2-VL, ...) import transformers' torchvision image processors when the
@@ -242,6 +244,7 @@ class vLLMRollout(BaseRollout):
             unlink_cpu_shm(shm_ident)
         self._finalizer = guard_engine_finalizer(self.llm, self._keep_default_pg)
         self._sleeping = False
+        self._woken: set[str] = set()  # parts woken so far by a staged wake-up (rollout.multi_stage_wake_up)
 
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -507,11 +510,21 @@ class vLLMRollout(BaseRollout):
             self.llm.sleep(level=1)
             self._sleeping = True
 
-    def resume(self) -> None:
-        """GPU: wake the engine up before a weight push / generation. CPU: nothing."""
-        if self._sleeping:
+    def resume(self, tags: tuple[str, ...] | None = None) -> None:
+        """GPU: wake the engine up before a weight push / generation, all at once or one part (``tags``: vLLM's
+        ``weights`` / ``kv_cache``) at a time. CPU: nothing (the engine never sleeps)."""
+        if not self._sleeping:
+            return
+        pending = [t for t in (tags or WAKE_TAGS) if t not in self._woken]
+        if not pending:
+            return
+        if tags is None and not self._woken:
             self.llm.wake_up()
-            self._sleeping = False
+        else:
+            self.llm.wake_up(tags=pending)
+        self._woken.update(pending)
+        if self._woken >= set(WAKE_TAGS):
+            self._sleeping, self._woken = False, set()
 
     def shutdown(self) -> None:
         """Stop the engine now; a default process group that the worker created stays usable."""
