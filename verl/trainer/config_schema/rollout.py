@@ -187,8 +187,9 @@ class RolloutConfig(Section):
     log_prob_max_token_len_per_gpu: int = key(16384, "token budget per micro-batch", ge=1,
                                               follows="actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
                                               read_in=(WORKERS,))
-    over_sample_rate: float = key(0, "extra prompts sampled then dropped", ge=0,
-                                  unsupported="over-sampling is not available; leave 0")
+    over_sample_rate: float = key(0, "verl's early stop of a rollout once (1 - rate) of its requests finished",
+                                  ge=0, lt=1, inert="verl 0.7 declares this key but no code of it reads it (every "
+                                                    "request runs to completion there too)")
     multi_stage_wake_up: bool = key(False, "wake a sleeping engine's weights for the weight push and its KV cache "
                                     "only after it (lower peak memory; GPU engines sleep, CPU ones never do)",
                                     read_in=(WORKERS, SHARDING), cpu="no effect (the CPU engine never sleeps)")
