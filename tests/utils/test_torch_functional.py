@@ -171,3 +171,31 @@ def test_checkpointed_entropy_has_the_same_value_and_gradient_and_keeps_less():
     # as a metric (no gradient) nothing is kept at all
     logits = base.clone().requires_grad_(True)
     assert not entropy_for_loss(logits, False).requires_grad
+
+
+@pytest.mark.parametrize("mode", [False, True, "checkpoint"])
+def test_chunked_entropy_equals_the_whole_in_value_and_gradient(mode):
+    from verl.utils.torch_functional import entropy_chunking, entropy_for_loss
+
+    torch.manual_seed(1)
+    base = torch.randn(3, 7, 40, dtype=torch.float64)
+
+    def run(rows):
+        logits = base.clone().requires_grad_(True)
+        with entropy_chunking(rows):
+            ent = entropy_for_loss(logits, mode)
+        if mode:
+            ent.sum().backward()
+        return ent.detach(), logits.grad
+
+    whole, grad = run(0)
+    for rows in (4, 5, 21, 100):  # uneven chunks of the 21 rows, one chunk, more rows than there are
+        part, part_grad = run(rows)
+        assert part.shape == whole.shape == (3, 7)
+        torch.testing.assert_close(part, whole, rtol=0, atol=1e-15)
+        if mode:
+            torch.testing.assert_close(part_grad, grad, rtol=0, atol=1e-15)
+    with entropy_chunking(4):  # the setting holds inside the block only
+        pass
+    logits = base.clone().requires_grad_(True)
+    assert torch.equal(entropy_for_loss(logits, mode).detach(), whole)

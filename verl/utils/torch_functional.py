@@ -7,6 +7,9 @@ the mask is 0, including NaNs stored there.
 
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
+
 import math
 from typing import Optional, Sequence, Union
 
@@ -126,7 +129,32 @@ def _fp32_entropy(logits: torch.Tensor) -> torch.Tensor:
     return entropy_from_logits(logits if logits.dtype == torch.float32 else logits.float())
 
 
+ENTROPY_CHUNK_ROWS = 2048  # rows per chunk with <role>.entropy_from_logits_with_chunking (verl's chunk size)
+_entropy_chunk_rows: ContextVar[int] = ContextVar("entropy_chunk_rows", default=0)
+
+
+@contextlib.contextmanager
+def entropy_chunking(rows: int):
+    """Within the block, :func:`entropy_for_loss` works on ``rows`` logit rows at a time (0: all at once): the
+    float32 copy of the logits and the softmax over the vocabulary exist for one chunk at a time (same values)."""
+    token = _entropy_chunk_rows.set(int(rows))
+    try:
+        yield
+    finally:
+        _entropy_chunk_rows.reset(token)
+
+
 def entropy_for_loss(logits: torch.Tensor, entropy_grad=True) -> torch.Tensor:
+    """See :func:`_entropy_for_loss`; inside :func:`entropy_chunking` it runs on chunks of rows."""
+    rows = _entropy_chunk_rows.get()
+    if rows <= 0 or logits.dim() < 2 or logits.shape[:-1].numel() <= rows:
+        return _entropy_for_loss(logits, entropy_grad)
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = [_entropy_for_loss(flat[i : i + rows], entropy_grad) for i in range(0, flat.shape[0], rows)]
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+def _entropy_for_loss(logits: torch.Tensor, entropy_grad=True) -> torch.Tensor:
     """:func:`entropy_from_logits` in float32, as a loss term or a metric. ``entropy_grad``: False computes it from
     detached logits (a metric: no graph kept); True keeps it differentiable; ``"checkpoint"``
     (``actor.entropy_checkpointing``) keeps it differentiable but recomputes the float32 softmax over the

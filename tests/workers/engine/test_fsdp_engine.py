@@ -183,6 +183,10 @@ def test_engine_config_from_role_sections(tmp_path):
                   "fsdp_config": {"model_dtype": "fp32", "seed": 3, "param_offload": True}}})
     cfg = actor_engine_config(arr)
     assert (cfg.grad_clip, cfg.use_remove_padding, cfg.seed, cfg.param_offload) == (0.5, True, 3, True)
+    assert cfg.entropy_chunk_rows == 0 and cfg.freeze_vision_tower is False
+    for spelling in ("entropy_from_logits_with_chunking", "fsdp_config.entropy_from_logits_with_chunking"):
+        chunked = OmegaConf.merge(arr, OmegaConf.from_dotlist([f"actor.{spelling}=true"]))
+        assert actor_engine_config(chunked).entropy_chunk_rows == 2048, spelling
     assert cfg.optim["lr"] == 1e-3 and cfg.total_training_steps == 4
     with pytest.raises(Exception):
         cfg.grad_clip = 1.0  # frozen

@@ -149,7 +149,8 @@ class ActorConfig(Section):
     ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size (needs use_remove_padding)",
                                               ge=1,
                                               read_in=(WORKERS,))
-    entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
+    entropy_from_logits_with_chunking: bool = key(False, "compute the entropy 2048 logit rows at a time (less "
+                                                  "peak memory, same values)", read_in=(ENGINE,))
     entropy_checkpointing: bool = key(False, "with entropy_coeff != 0: recompute the entropy's softmax over the "
                                              "vocabulary in backward instead of keeping it (memory)",
                                       read_in=(WORKERS,))
@@ -190,7 +191,8 @@ class RefConfig(Section):
     ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1,
                                               follows="actor_rollout_ref.actor.ulysses_sequence_parallel_size",
                                               read_in=(WORKERS,))
-    entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
+    entropy_from_logits_with_chunking: bool = key(False, "compute the entropy 2048 logit rows at a time (less "
+                                                  "peak memory, same values)", read_in=(ENGINE,))
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
     router_replay: RouterReplayConfig = section(RouterReplayConfig)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)

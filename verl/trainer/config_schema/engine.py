@@ -74,7 +74,8 @@ class FSDPConfig(Section):
     full_determinism: bool = key(False, "deterministic kernels",
                                  unsupported="not available; runs are seeded with fsdp_config.seed; leave false")
     ulysses_sequence_parallel_size: int = key(1, "Ulysses sequence-parallel group size", ge=1, unsupported=NO_ULYSSES)
-    entropy_from_logits_with_chunking: bool = key(False, "chunked entropy computation", unsupported=NO_CHUNKED_ENTROPY)
+    entropy_from_logits_with_chunking: bool = key(False, "compute the entropy 2048 logit rows at a time (less "
+                                                  "peak memory, same values)", read_in=(ENGINE,))
     use_torch_compile: bool = key(True, "torch.compile the decoder layers (with the role's own key; either False: "
                                         "eager; unset on CPU: False)", read_in=(ENGINE,))
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)

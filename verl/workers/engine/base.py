@@ -46,6 +46,7 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.seqlen_balancing import global_count, make_micro_batches, restore_dynamic_batch
+from verl.utils.torch_functional import entropy_chunking
 
 __all__ = ["TrainEngine", "MicroBatchSpec", "TrainSpec", "LossContext", "OUTPUTS"]
 
@@ -138,6 +139,8 @@ class TrainEngine(ABC):
 
     #: the process group gradients are averaged over (None: a single process)
     dp_group = None
+    #: ``<role>.entropy_from_logits_with_chunking``: logit rows per chunk of the entropy (0: all at once)
+    entropy_chunk_rows = 0
 
     # ------------------------------------------------------------------ what an engine implements
     @property
@@ -233,7 +236,7 @@ class TrainEngine(ABC):
         self.train_mode(False)
         results = defaultdict(list)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), entropy_chunking(self.entropy_chunk_rows):
                 for mb in micro_batches:
                     out = forward(mb.to(self.device), outputs, temperature, entropy_grad=False)
                     for name in outputs:
@@ -249,7 +252,8 @@ class TrainEngine(ABC):
         """One micro-batch of a training step: forward, loss, backward of ``loss * weight``; returns the loss's
         metrics. Pipeline-parallel engines override it to run the micro-batch through their stages."""
         forward = self.forward_shared_prompt if spec.shared_prompt else self.forward_micro_batch
-        out = forward(micro, spec.outputs, spec.temperature, spec.entropy_grad)
+        with entropy_chunking(self.entropy_chunk_rows):
+            out = forward(micro, spec.outputs, spec.temperature, spec.entropy_grad)
         loss, loss_metrics = loss_fn(out, micro, ctx)
         (loss * weight).backward()
         return loss_metrics

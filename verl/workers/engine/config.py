@@ -21,6 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.utils.chunked_head import DEFAULT_CHUNK_SIZE
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import copy_to_local
+from verl.utils.torch_functional import ENTROPY_CHUNK_ROWS
 from verl.workers.config import FSDPOptimizerConfig, config_class_for
 
 __all__ = ["EngineConfig", "plain", "typed_section", "actor_engine_config", "ref_engine_config",
@@ -101,6 +102,7 @@ class EngineConfig:
     fused_chunk_size: int = 0  # model.use_fused_kernels: log-probs from hidden states in chunks of tokens (0: off)
     use_torch_compile: bool = False  # <role>.use_torch_compile: decoder layers compiled (verl.utils.compile)
     freeze_vision_tower: bool = False  # actor.freeze_vision_tower: a VLM's vision encoder gets no updates
+    entropy_chunk_rows: int = 0  # <role>.entropy_from_logits_with_chunking: logit rows per entropy chunk (0: all)
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
@@ -140,6 +142,12 @@ def _megatron(role: Any) -> dict:
     return _fields(role.megatron) if role.megatron is not None else {}
 
 
+def _entropy_chunk_rows(role: Any) -> int:
+    """``<role>.entropy_from_logits_with_chunking`` (or its ``fsdp_config`` spelling) -> rows per entropy chunk."""
+    chunked = role.entropy_from_logits_with_chunking or role.fsdp_config.entropy_from_logits_with_chunking
+    return ENTROPY_CHUNK_ROWS if chunked else 0
+
+
 def _fused_chunk_size(fused: bool) -> int:
     """``use_fused_kernels`` -> tokens per chunk of the chunked output layer (0: the plain logits path)."""
     return DEFAULT_CHUNK_SIZE if fused else 0
@@ -162,6 +170,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         fused_chunk_size=_fused_chunk_size(actor.use_fused_kernels),  # the actor's key follows the model's
         use_torch_compile=actor.use_torch_compile and actor.fsdp_config.use_torch_compile,
         freeze_vision_tower=actor.freeze_vision_tower,
+        entropy_chunk_rows=_entropy_chunk_rows(actor),
         **_weights(model, actor.fsdp_config),
     )
 
@@ -178,6 +187,7 @@ def ref_engine_config(arr_cfg: Any) -> EngineConfig:
                         share_prompt_prefix=model.share_prompt_prefix,
                         fused_chunk_size=_fused_chunk_size(model.use_fused_kernels),
                         use_torch_compile=ref.use_torch_compile and ref.fsdp_config.use_torch_compile,
+                        entropy_chunk_rows=_entropy_chunk_rows(ref),
                         **_weights(model, ref.fsdp_config))
 
 

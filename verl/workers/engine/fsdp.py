@@ -150,6 +150,7 @@ class FSDPEngine(TrainEngine):
                      optimizer_offload=config.optimizer_offload, checkpoint_config=config.checkpoint,
                      tokenizer=tokenizer, name=config.name, ulysses=ulysses,
                      share_prompt_prefix=config.share_prompt_prefix, fused_chunk_size=config.fused_chunk_size)
+        engine.entropy_chunk_rows = config.entropy_chunk_rows
         engine.offload()
         return engine
 
