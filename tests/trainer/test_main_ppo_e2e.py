@@ -301,3 +301,29 @@ def test_checkpoint_kill_resume_identical_metrics(assets, tmp_path):
         diffs = {k: (a[k], b[k]) for k in a if a[k] != b[k]}
         assert not diffs, f"step {step}: resumed run differs: {diffs}"
     assert resumed[3]["training/epoch"] == 1
+
+
+def test_grpo_continues_a_saved_lora_adapter(assets, tmp_path):
+    """verl's lora_from_adapter script: model.lora_adapter_path alone. The adapter's rank and targets become the
+    run's LoRA keys, the actor starts from the adapter (not from zero-initialised B), the reference is the
+    adapter-free base, and the rollout follows the actor."""
+    import torch
+
+    from verl.utils.fsdp_utils import apply_lora
+    from verl.utils.model import load_causal_lm
+
+    trained = apply_lora(load_causal_lm(assets["model"]), 8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.01)
+    trained.save_pretrained(str(tmp_path / "adapter"))
+    run = tmp_path / "lora_adapter"
+    metrics = run_main(run, quickstart_args(assets, steps=1) + [
+        "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.use_kl_loss=True",
+        f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}", "trainer.save_freq=-1"])
+    log = (run / "log.txt").read_text()
+    assert "actor_rollout_ref.model.lora_rank: 0 -> 8  (from the adapter" in log
+    m = metrics[1]
+    assert m["actor/kl_loss"] > 1e-4  # the actor carries the adapter, the reference is the base without it
+    assert m["training/rollout_probs_diff_max"] <= 1e-3 and m["actor/grad_norm"] > 0

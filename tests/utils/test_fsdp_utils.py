@@ -300,3 +300,22 @@ def test_full_weights_are_gathered_in_buckets_equal_to_full_tensor(tmp_path):
     1-D and 3-D tensors, replicated and plain tensors in between (they end the bucket before them)."""
     run_distributed(_bucket_gather_worker, 3, str(tmp_path), err_dir=str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["ok_0", "ok_1", "ok_2"]
+
+
+def test_a_saved_lora_adapter_loads_trainable_with_its_weights(tmp_path, model_dir):
+    """model.lora_adapter_path: the adapter saved by a PEFT run comes back on the base model with the same adapter
+    weights, only those trainable."""
+    from verl.utils.fsdp_utils import apply_lora, load_lora_adapter
+    from verl.utils.model import load_causal_lm
+
+    trained = apply_lora(load_causal_lm(model_dir), 4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # a trained adapter: B is no longer zero
+    trained.save_pretrained(str(tmp_path / "adapter"))
+    loaded = load_lora_adapter(load_causal_lm(model_dir), str(tmp_path / "adapter"))
+    want = {n: p for n, p in trained.named_parameters() if "lora_" in n}
+    got = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert want.keys() == got.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    assert {n for n, p in loaded.named_parameters() if p.requires_grad} == set(got)

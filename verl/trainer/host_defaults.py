@@ -24,6 +24,8 @@ model's training state usually fits in RAM many times over, so recomputing activ
   per worker process. A value you set is used as set (and checked);
 - ``use_torch_compile`` (actor, reference, critic; verl's default True) to False on CPU: compiling the decoder
   layers costs 10-45 s per worker process before the first step. On GPUs and NPUs the default compiles them;
+- ``model.lora_rank`` / ``lora_alpha`` / ``target_modules`` (on every device) from ``adapter_config.json`` when
+  ``model.lora_adapter_path`` names a PEFT adapter and ``lora_rank`` is unset;
 - ``reward_model.micro_batch_size_per_gpu`` (on every device), when the reward model is enabled and no micro batch
   of it is set (verl's reward-loop scripts set none): the rollout's ``log_prob_micro_batch_size_per_gpu``, a
   forward over the same sequences;
@@ -41,6 +43,7 @@ returned :class:`HostChoices` prints as one block that says what was chosen and 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 from dataclasses import dataclass, field
@@ -280,6 +283,36 @@ def resolve_reward_model_micro_batch(config: DictConfig):
                                             f"log-prob pass ({LOG_PROB_MICRO_KEY})")
 
 
+LORA_KEYS = {"lora_rank": "r", "lora_alpha": "lora_alpha", "target_modules": "target_modules"}
+
+
+def resolve_lora_adapter(config: DictConfig) -> list:
+    """``model.lora_adapter_path`` (a PEFT adapter directory, as verl's lora_from_adapter script passes alone): the
+    adapter's rank, alpha and target modules become ``model.lora_rank`` / ``lora_alpha`` / ``target_modules``, which
+    the engine, the rollout and the reference (the adapter-free base) read. Keys the user set to other values are
+    left for validation to name. Returns the changes made."""
+    path = OmegaConf.select(config, f"{AR}.model.lora_adapter_path", default=None)
+    if not path or int(OmegaConf.select(config, f"{AR}.model.lora_rank", default=0) or 0) > 0:
+        return []
+    try:
+        with open(os.path.join(os.path.expanduser(str(path)), "adapter_config.json")) as f:
+            adapter = json.load(f)
+    except (OSError, ValueError):
+        return []  # validation names the missing or unreadable adapter
+    changes = []
+    for key, field_name in LORA_KEYS.items():
+        value = adapter.get(field_name)
+        if value is None:
+            continue
+        value = sorted(value) if isinstance(value, (list, set, tuple)) else value
+        full = f"{AR}.model.{key}"
+        old = OmegaConf.select(config, full, default=None)
+        if old != value:
+            _set(config, full, value)
+            changes.append((full, old, value, f"from the adapter at {AR}.model.lora_adapter_path"))
+    return changes
+
+
 def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
                           defaults: DictConfig | None = None) -> HostChoices:
     """Apply the host-aware choices to ``config`` (in place, before validation); see the module docstring."""
@@ -297,6 +330,7 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
     change = resolve_reward_model_micro_batch(config)
     if change is not None:
         choices.changed.append(change)
+    choices.changed.extend(resolve_lora_adapter(config))
     if device != "cpu":
         return choices
     choices.isa = _cpu_isa()

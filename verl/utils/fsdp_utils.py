@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping
 
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "create_device_mesh",
     "get_fsdp_wrap_modules",
     "get_mixed_precision_policy",
+    "load_lora_adapter",
     "apply_fsdp2",
     "fsdp_version",
     "enable_gradient_checkpointing",
@@ -195,6 +197,14 @@ def apply_lora(model: nn.Module, lora_rank: int, lora_alpha: float = 16, target_
         bias="none",
     )
     return get_peft_model(model, config)
+
+
+def load_lora_adapter(model: nn.Module, path: str) -> nn.Module:
+    """``model.lora_adapter_path``: the PEFT adapter saved at ``path`` on ``model``, trainable (only the adapter
+    weights require grad, as with :func:`apply_lora`)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, os.path.expanduser(str(path)), is_trainable=True)
 
 
 # ------------------------------------------------------------------------------------------------ optimizer

