@@ -78,6 +78,8 @@ def test_a_command_line_verl_itself_refuses_is_told_apart_with_hydras_rules():
     assert "Could not override 'a.d.k'" in refusal("a.d.k=1")  # struct mode: new keys under {} need '+'
     assert sweep.classify(refusal("a.c=1")) == sweep.SCRIPT
     assert sweep.verl_refusal({"entrypoint": "verl.trainer.main_generation"}, ["a.c=1"], data) is None
+    missing = {**entry, "missing_in_verl": ["recipe/x/tool.yaml"]}  # a file the script names that verl lacks
+    assert sweep.classify(sweep.verl_refusal(missing, ["a.b=3"], data)) == sweep.SCRIPT
 
 
 def test_every_launch_is_classified_and_the_doc_is_current(data, results):

@@ -26,7 +26,8 @@ string longer than ``LONG_STRING`` characters (a chat template) becomes ``PLACEH
 file's ``"substituted"``). The test writes them back under a stand-in verl checkout.
 
 JSON shape: ``{"source": {repository, ref, commit}, "scripts": {script: {"entrypoint": module, "launcher": {...},
-"config_path": ..., "config_name": ..., "config_file": verl path, "overrides": [...], "substituted": {key: why}}},
+"config_path": ..., "config_name": ..., "config_file": verl path, "overrides": [...], "substituted": {key: why},
+"missing_in_verl": [relative paths the overrides name that verl's tree lacks]}},
 "files": {verl path: {"content": ..., "substituted": [...]}}, "verl_configs": {config name: content}}``; a script
 that launches twice would get ``script#2`` for the second. ``{verl}`` in a value stands for the verl checkout the script runs in.
 """
@@ -218,6 +219,21 @@ def stored_file(git_dir: str, ref: str, path: str) -> dict:
     return {"content": content, **({"substituted": substituted} if substituted else {})}
 
 
+_RELATIVE_FILE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\.(ya?ml|json|py)$")
+
+
+def missing_in_tree(git_dir: str, ref: str, entry: dict) -> list[str]:
+    """Relative file paths the launch's overrides name (a script runs from the root of a verl checkout) that verl's
+    tree at ``ref`` does not have: verl's own run cannot find them either."""
+    tree = set(git(git_dir, "ls-tree", "-r", "--name-only", ref).split())
+    out = []
+    for token in entry["overrides"]:
+        value = token.partition("=")[2].strip("'\"")
+        if _RELATIVE_FILE.match(value) and value not in tree and value not in out:
+            out.append(value)
+    return out
+
+
 def files_read_by(git_dir: str, ref: str, entry: dict) -> list[str]:
     """verl paths (yaml/json) that the launch's path overrides name."""
     tree = set(git(git_dir, "ls-tree", "-r", "--name-only", ref).split())
@@ -267,6 +283,9 @@ def extract(git_dir: str, ref: str) -> tuple[dict, dict]:
                 entry["substituted"] = {**substituted, **entry.get("substituted", {})}
                 if not entry["substituted"]:
                     del entry["substituted"]
+                missing = missing_in_tree(git_dir, ref, entry)
+                if missing:
+                    entry["missing_in_verl"] = missing
                 config_file = config_file_of(git_dir, ref, rel, entry)
                 if config_file:
                     entry["config_file"] = config_file

@@ -63,6 +63,7 @@ HARDWARE_PATTERNS = (
 SCRIPT_ERROR_PATTERNS = (
     r"^cannot parse command-line override",
     r"^verl's own config refuses",
+    r"^verl's own tree lacks",
 )
 
 # keys whose value is a path on verl's machine: pointed at the local stand-ins
@@ -226,7 +227,8 @@ VERL_REFUSES = "verl's own config refuses this command line"
 
 
 def verl_refusal(entry: dict, argv: list[str], data: dict) -> str | None:
-    """What verl's Hydra says when it applies ``argv`` to verl's own composed config, None when it accepts them.
+    """What verl's Hydra says when it applies ``argv`` to verl's own composed config, None when it accepts them
+    (or that verl's tree lacks a file the script names: ``missing_in_verl``, recorded by ``extract.py``).
 
     Only ``main_ppo`` launches on verl's trainer configs (or an example config composed on one) are checked: the
     overrides are applied with Hydra's own rules (a key the config lacks needs '+', a '+' on a key that holds a
@@ -236,6 +238,8 @@ def verl_refusal(entry: dict, argv: list[str], data: dict) -> str | None:
     from hydra.errors import ConfigCompositionException
     from omegaconf import OmegaConf
 
+    if entry.get("missing_in_verl"):
+        return f"verl's own tree lacks the file(s) the script names: {', '.join(entry['missing_in_verl'])}"
     if entry["entrypoint"] not in ("verl.trainer.main_ppo", "main_ppo_split.py"):
         return None
     configs = data.get("verl_configs", {})
@@ -434,8 +438,8 @@ def render(results: list[Result], source: dict) -> str:
         "- **accepted**: the configuration passes every check; the run would start.",
         "- **refused-hardware**: the message says the setting needs hardware a CPU host lacks (CUDA, an NPU).",
         "- **script-error**: verl itself stops on the script's command line: it does not parse (Hydra's override "
-        "grammar), or verl's own config refuses an override (a key verl's config lacks set without '+', or a '+' on "
-        "a key verl's config already holds).",
+        "grammar), verl's own config refuses an override (a key verl's config lacks set without '+', or a '+' on "
+        "a key verl's config already holds), or the script names a file verl's own tree does not have.",
         "- **refused-other**: refused for another reason (the reason column gives the message).",
         "",
         "Regenerate after a change to the checks (the test `tests/compat/test_verl_examples_sweep.py` fails "
