@@ -77,6 +77,11 @@ MEGATRON = ("actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatr
 def test_accepted_as_verl_accepts_them(assets):
     cfg = driver_check(assets, "actor_rollout_ref.rollout.layered_summon=True")
     assert cfg.actor_rollout_ref.rollout.layered_summon is True
+    # keys that change nothing here (marked "no effect"): the torch head runs for either backend, the engine's
+    # log-probs are always returned
+    cfg = driver_check(assets, "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+                       "actor_rollout_ref.rollout.calculate_log_probs=True")
+    assert cfg.actor_rollout_ref.rollout.calculate_log_probs is True
     # DAPO's keys at values that leave dynamic sampling off: the run is the plain one, the keys are dropped
     cfg = driver_check(assets, "+data.gen_batch_size=8", "+algorithm.filter_groups.enable=False",
                        "+algorithm.filter_groups.metric=acc")
@@ -115,7 +120,6 @@ def test_data_tool_config_path_follows_multi_turn_and_a_bad_file_is_named(assets
     ("actor_rollout_ref.rollout.quantization=fp8", "quantized rollout is not available"),
     ("actor_rollout_ref.rollout.trace.backend=mlflow", "rollout tracing is not available"),
     ("actor_rollout_ref.rollout.trace.token2text=True", "rollout tracing is not available"),
-    ("actor_rollout_ref.model.fused_kernel_options.impl_backend=triton", "fused kernels are not available"),
     ("reward_model.sandbox_fusion.url=http://localhost:8080/run_code", "Sandbox Fusion"),
     ("+data.gen_batch_size=16", "differs from data.train_batch_size=8"),
     ("+algorithm.filter_groups.enable=True", "runs in the DAPO recipe"),

@@ -19,8 +19,9 @@ ROLLOUT_N = "actor_rollout_ref.rollout.n"
 @dataclass(frozen=True)
 class FusedKernelOptions(Section):
     impl_backend: str = key("torch", "backend of the chunked log-prob head", choices=("torch", "triton"),
-                            unsupported="the triton fused kernels are not available; leave torch "
-                                        "(model.use_fused_kernels=True runs the chunked torch head)")
+                            inert="verl's choice between its torch and Triton kernels of the same computation; "
+                                  "here model.use_fused_kernels=True runs the chunked torch head for either value "
+                                  "(same log-probs and entropies)")
 
 
 NO_TILED_MLP = "tiled MLP computation is not available; the MLP runs in one piece (use gradient checkpointing for memory)"

@@ -194,8 +194,8 @@ class RolloutConfig(Section):
                                     "only after it (lower peak memory; GPU engines sleep, CPU ones never do)",
                                     read_in=(WORKERS, SHARDING), cpu="no effect (the CPU engine never sleeps)")
     calculate_log_probs: bool = key(False, "return the engine's log-probs",
-                                    unsupported="the engine's log-probs are always returned here (batch key "
-                                                "rollout_log_probs); remove the override")
+                                    inert="the engine's log-probs are always returned here (batch key "
+                                          "rollout_log_probs), which is what true asks for")
     quantization_config_file: Optional[str] = key(None, "quantized rollout weights",
                                                   unsupported="quantized rollout is not available; leave it null")
     quantization: Optional[str] = key(None, "quantized rollout (e.g. fp8)",
