@@ -1,8 +1,9 @@
 """Retrieval tools: ``BM25SearchTool`` searches a local document set; ``SearchTool`` (verl's name, its search-R1
 example) asks a retrieval service over HTTP.
 
-``BM25SearchTool`` (``rank_bm25.BM25Okapi``, no service needed). Config: ``corpus_path`` (a ``.jsonl`` file with one document per line under ``text`` or ``contents``, optional
-``title``; or a ``.txt`` file with one document per line) or ``documents`` (a list of strings in the yaml),
+``BM25SearchTool`` (``rank_bm25.BM25Okapi``, no service needed). Config: ``corpus_path`` (a ``.jsonl`` file with
+one document per line under ``text`` or ``contents``, optional ``title``; or a ``.txt`` file with one document per
+line) or ``documents`` (a list of strings in the yaml),
 ``top_k`` (default 3), ``max_chars_per_doc`` (default 500). The call is ``search(query)`` and returns the best
 documents, numbered. Tokenisation: lower-cased words and numbers.
 

@@ -29,7 +29,8 @@ JSON shape: ``{"source": {repository, ref, commit}, "scripts": {script: {"entryp
 "config_path": ..., "config_name": ..., "config_file": verl path, "overrides": [...], "substituted": {key: why},
 "missing_in_verl": [relative paths the overrides name that verl's tree lacks]}},
 "files": {verl path: {"content": ..., "substituted": [...]}}, "verl_configs": {config name: content}}``; a script
-that launches twice would get ``script#2`` for the second. ``{verl}`` in a value stands for the verl checkout the script runs in.
+that launches twice would get ``script#2`` for the second. ``{verl}`` in a value stands for the verl checkout the
+script runs in.
 """
 
 from __future__ import annotations

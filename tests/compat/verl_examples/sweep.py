@@ -2,8 +2,8 @@
 
 Each launch in ``v0_7_0_overrides.json`` (see ``extract.py``) is checked with the overrides verl's script passes,
 model, data and adapter paths pointed at local stand-ins (a tiny model directory, parquet files of arithmetic rows,
-a LoRA adapter config, a temporary output directory), everything else as the script sets it. The check is what the entry point does
-before it starts anything:
+a LoRA adapter config, a temporary output directory), everything else as the script sets it. The check is what
+the entry point does before it starts anything:
 
 * ``verl.trainer.main_ppo`` (and verl's split-placement ``main_ppo_split.py``, which is ``run_ppo(config,
   placement="split")`` here): ``python -m verl.trainer.main_ppo --check-config ...`` in this process;
