@@ -10,7 +10,7 @@ import torch
 from verl import DataProto
 from verl.trainer.ppo.reward import RewardLoop, compute_reward
 
-pytestmark = pytest.mark.e2e  # Ray actors (the shared test cluster)
+pytestmark = [pytest.mark.e2e, pytest.mark.own_ray]  # Ray actors, in a Ray this module starts and shuts down
 
 
 def score_rows(data, return_dict=False):
@@ -24,10 +24,12 @@ def score_rows(data, return_dict=False):
 
 @pytest.fixture(scope="module")
 def cluster():
+    from verl.utils.ray_utils import init_local_ray
+
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors need not import this file
-    if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True)
+    init_local_ray(num_cpus=2)
     yield
+    ray.shutdown()  # nothing of it stays in the test process (later tests spawn their own processes)
 
 
 def test_reward_loop_scores_like_one_call_in_row_order(cluster):
