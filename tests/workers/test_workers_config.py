@@ -257,8 +257,9 @@ def test_defaults_are_the_schemas():
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: wc.FSDPActorConfig(tau_pos=2.0), "FSDPActorConfig.tau_pos=2.0 is not supported"),
-    (lambda: wc.FSDPActorConfig(freeze_vision_tower=True), "FSDPActorConfig.freeze_vision_tower=True is not supported"),
+    (lambda: wc.FSDPActorConfig(use_prefix_grouper=True), "FSDPActorConfig.use_prefix_grouper=True is not supported"),
+    (lambda: wc.FSDPActorConfig(calculate_sum_pi_squared=True),
+     "FSDPActorConfig.calculate_sum_pi_squared=True is not supported"),
     (lambda: wc.FSDPActorConfig(router_replay={"mode": "R2"}), "FSDPActorConfig.router_replay.mode='R2' is not supported"),
     (lambda: wc.RolloutConfig(skip_rollout=True), "RolloutConfig.skip_rollout=True is not supported"),
     (lambda: wc.RolloutConfig(repetition_penalty=1.1), "RolloutConfig.repetition_penalty=1.1 is not supported"),
@@ -282,8 +283,8 @@ def test_unsupported_and_invalid_values_are_refused_by_name(build, message):
 
 
 def test_errors_name_the_yaml_key():
-    cfg = _compose("ppo_trainer", "actor_rollout_ref.actor.freeze_vision_tower=true")
-    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.freeze_vision_tower=True is not supported"):
+    cfg = _compose("ppo_trainer", "actor_rollout_ref.actor.use_prefix_grouper=true")
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref\.actor\.use_prefix_grouper=True is not supported"):
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     cfg = _compose("ppo_trainer", "critic.optim.weight_decay=-1")
     with pytest.raises(ConfigError, match=r"^critic\.optim\.weight_decay=-1 must be a number >= 0"):
@@ -297,8 +298,8 @@ def test_instances_are_frozen_and_dict_like():
     with pytest.raises(dataclasses.FrozenInstanceError):
         actor.optim.lr = 1.0
     assert actor["clip_ratio"] == 0.3 and actor.get("optim").lr == 1e-6 and actor.get("missing", 7) == 7
-    with pytest.raises(ConfigError, match="tau_neg=9.0 is not supported"):
-        dataclasses.replace(actor, tau_neg=9.0)  # a changed copy is checked again
+    with pytest.raises(ConfigError, match="use_prefix_grouper=True is not supported"):
+        dataclasses.replace(actor, use_prefix_grouper=True)  # a changed copy is checked again
     assert pickle.loads(pickle.dumps(actor)) == actor
 
 
