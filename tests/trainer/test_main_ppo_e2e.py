@@ -271,17 +271,22 @@ def test_checkpoint_kill_resume_identical_metrics(assets, tmp_path):
     full = run_main(tmp_path / "full", args)
     assert sorted(full) == [1, 2, 3, 4]
 
-    # the same run, driver and workers killed (SIGKILL) in the middle of step 4's checkpoint write
+    # the same run, driver and workers killed (SIGKILL) in the middle of step 4's checkpoint write. A FIFO in
+    # place of step 4's data.pt holds the driver there (opening it for writing blocks until a reader comes, and none
+    # does): the actor's shards are written, the loader state and the latest-step marker are not, whatever the
+    # host's speed
     run = tmp_path / "killed"
-    run.mkdir()
     ckpt = run / "checkpoints" / "verl_examples" / "gsm8k"
     marker = ckpt / "latest_checkpointed_iteration.txt"
+    (ckpt / "global_step_4").mkdir(parents=True)
+    os.mkfifo(ckpt / "global_step_4" / "data.pt")
     with open(run / "log.txt", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=run, env=_env(run),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 900
-        while time.time() < deadline and proc.poll() is None and not (ckpt / "global_step_4").exists():
-            time.sleep(0.02)
+        while time.time() < deadline and proc.poll() is None and not (ckpt / "global_step_4" / "actor").exists():
+            time.sleep(0.05)
+        time.sleep(1.0)  # the driver moves on from the actor's save to the blocked data.pt
         assert proc.poll() is None, "the run ended before it could be killed:\n" + (run / "log.txt").read_text()[-4000:]
         # the driver and every process of its run (its own Ray: GCS, raylet, TaskRunner, workers) at once; a
         # process-group kill would leave Ray's daemons and the TaskRunner training on for a while
@@ -291,7 +296,9 @@ def test_checkpoint_kill_resume_identical_metrics(assets, tmp_path):
     assert 4 not in killed
     assert marker.read_text() == "2"  # step 4's checkpoint was cut short: step 2 stays the one to resume from
 
-    # resume (trainer.resume_mode=auto) in the same directory: continues at step 3
+    # resume (trainer.resume_mode=auto) in the same directory: continues at step 3 over the cut-short step-4 folder
+    (ckpt / "global_step_4" / "data.pt").unlink()
+    assert (ckpt / "global_step_4" / "actor").is_dir()
     (run / "metrics.jsonl").unlink()
     resumed = run_main(run, args)
     assert sorted(resumed) == [3, 4], sorted(resumed)

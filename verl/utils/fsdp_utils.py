@@ -202,8 +202,6 @@ def apply_lora(model: nn.Module, lora_rank: int, lora_alpha: float = 16, target_
 def load_lora_adapter(model: nn.Module, path: str) -> nn.Module:
     """``model.lora_adapter_path``: the PEFT adapter saved at ``path`` on ``model``, trainable (only the adapter
     weights require grad, as with :func:`apply_lora`)."""
-    from peft import PeftModel
-
     return PeftModel.from_pretrained(model, os.path.expanduser(str(path)), is_trainable=True)
 
 
