@@ -26,10 +26,12 @@ import copy
 import importlib.util
 import io
 import json
+import multiprocessing
 import os
 import re
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -381,8 +383,24 @@ def hydra_composed_once(*modules):
             owner.compose = original
 
 
-def run_sweep(data: dict | None = None) -> list[Result]:
+def run_sweep(data: dict | None = None, processes: int | None = None) -> list[Result]:
+    """Every launch of ``data`` checked, in its order. ``processes`` (default: the host's cores, at most 4) fresh
+    interpreters share the launches (each check is independent and single-threaded); 1 checks them here."""
     data = data or json.loads(OVERRIDES.read_text())
+    processes = processes or min(4, os.cpu_count() or 1)
+    scripts = list(data["scripts"].items())
+    if processes > 1 and len(scripts) > 1:
+        # spawned, not forked: the calling process may hold threads (a Ray driver, vLLM) that a fork would copy
+        # mid-lock. Launches dealt round-robin so that slow and fast ones mix.
+        shares = [dict(data, scripts=dict(scripts[i::processes])) for i in range(processes)]
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = list(pool.map(run_sweep, shares, [1] * processes))
+        by_script = {r.script: r for part in parts for r in part}
+        return [by_script[script] for script, _ in scripts]
+    return _run_here(data)
+
+
+def _run_here(data: dict) -> list[Result]:
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     os.environ["VERL_DEVICE"] = "cpu"  # the same answers on every host: checked as on a CPU host
     try:
