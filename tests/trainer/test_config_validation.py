@@ -83,7 +83,11 @@ def test_good_config_passes_and_plans_roles(assets):
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
      r"rollout_is_threshold=0 must be a number > 0"),
     (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.bypass_mode=true"],
-     r"rollout_is='sequence' needs algorithm.rollout_correction.bypass_mode=false"),
+     r"rollout_is='sequence' with algorithm.rollout_correction.loss_type=ppo_clip needs "
+     r"algorithm.rollout_correction.bypass_mode=false.*set algorithm.rollout_correction.loss_type=reinforce"),
+    (["algorithm.rollout_correction.loss_type=reinforce"],
+     r"loss_type=reinforce is bypass mode's loss: set algorithm.rollout_correction.bypass_mode=true"),
+    (["algorithm.rollout_correction.loss_type=pg"], r"loss_type='pg' is not one of: ppo_clip, reinforce"),
     (["algorithm.rollout_correction.bypass_mode=maybe"], r"bypass_mode='maybe' must be true or false"),
     (["algorithm.rollout_correction.rollout_rs=token"], r"rollout_correction.rollout_rs='token' is not supported.*leave it null"),
     (["algorithm.rollout_correction.use_policy_gradient=true"], r"use_policy_gradient=True is not supported"),

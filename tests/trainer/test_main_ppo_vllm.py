@@ -164,8 +164,12 @@ def test_grpo_without_old_log_prob_pass(assets, tmp_path):
     old_log_prob timing), yet the sync metric and actor/entropy are reported every step from the update's first
     forward, over every row of the batch (one mini-batch), concatenated from both ranks. (The other way to skip
     the pass, the CPU host default old_log_prob_source=update, is checked on the quickstart's GRPO run in
-    tests/examples/test_quickstart_learning.py.)"""
-    metrics = run_main(tmp_path / "bypass", grpo_args(assets, "algorithm.rollout_correction.bypass_mode=True"))
+    tests/examples/test_quickstart_learning.py.) The loss is verl's bypass-mode REINFORCE with explicit, batch-
+    normalized sequence-level IS weights (loss_type=reinforce; the PPO-clip loss of bypass mode runs in
+    test_skip_weight_sync_is_caught_by_probs_diff[bypass]): on policy the weights' raw ratio is 1."""
+    metrics = run_main(tmp_path / "bypass", grpo_args(
+        assets, "algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_batch_normalize=true"))
     assert sorted(metrics) == list(range(1, STEPS + 1))
     for step, m in metrics.items():
         assert "timing_s/old_log_prob" not in m, step
@@ -173,4 +177,5 @@ def test_grpo_without_old_log_prob_pass(assets, tmp_path):
         assert m["training/rollout_probs_diff_rows"] == 8 * 4  # train_batch_size x n, all in the first mini-batch
         assert m["actor/entropy"] > 0
         assert abs(m["actor/ppo_kl"]) <= 1e-4  # pi_theta vs pi_rollout on the first (pre-step) forward
+        assert abs(m["rollout_corr/rollout_is_mean"] - 1) <= 1e-3, m["rollout_corr/rollout_is_mean"]
     assert any(abs(m["actor/pg_loss"]) > 0 for m in metrics.values())

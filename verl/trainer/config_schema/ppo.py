@@ -21,6 +21,7 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cuda", "npu", "cpu")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 IS_LEVELS = (None, "token", "sequence")  # verl.trainer.ppo.rollout_corr.IS_LEVELS (a test keeps them equal)
+BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # verl.trainer.ppo.rollout_corr.BYPASS_LOSS_TYPES (a test keeps them equal)
 REWEIGHT_METHODS = ("pow", "max_min", "max_random")  # verl.trainer.ppo.pf_ppo.REWEIGHT_METHODS (same)
 NO_MULTIMODAL = "videos are not supported (images are: data.image_key); leave the default"
 NO_RS = "rejection sampling is not available; leave it null"
@@ -154,8 +155,14 @@ class RolloutCorrectionConfig(Section):
     rollout_is: Optional[str] = key(None, "truncated IS weights pi_old/pi_rollout: null | token | sequence",
                                     choices=IS_LEVELS, read_in=(TRAINER, ROLLOUT_CORR))
     rollout_is_threshold: float = key(2.0, "upper truncation of the IS weights", gt=0, read_in=(TRAINER, ROLLOUT_CORR))
-    rollout_is_batch_normalize: bool = key(False, "normalise IS weights over the batch",
-                                           unsupported="batch-normalized IS weights are not available; use False")
+    rollout_is_batch_normalize: bool = key(False, "divide the truncated IS weights by their mean over the batch's "
+                                           "valid tokens (token) or responses (sequence), so they average 1 "
+                                           "(with loss_type=reinforce: over each micro-batch)",
+                                           read_in=(TRAINER, ROLLOUT_CORR))
+    loss_type: str = key("ppo_clip", "the policy loss in bypass mode: ppo_clip (the actor's PPO loss, ratio "
+                         "pi_theta/pi_rollout) | reinforce (-w * A * log pi_theta, w = pi_theta/pi_rollout detached and "
+                         "truncated at rollout_is_threshold at the rollout_is level; w = 1 when rollout_is is null)",
+                         choices=BYPASS_LOSS_TYPES, read_in=(TRAINER, ROLLOUT_CORR))
     rollout_rs: Optional[str] = key(None, "rejection sampling level", unsupported=NO_RS)
     rollout_rs_threshold: Optional[float] = key(None, "rejection upper threshold", unsupported=NO_RS)
     rollout_rs_threshold_lower: Optional[float] = key(None, "rejection lower threshold", unsupported=NO_RS)

@@ -236,12 +236,18 @@ def _divides(what: str, a: int, b: int, fix: str) -> None:
 # ----------------------------------------------------------------------------------------------- rules
 
 def _check_rollout_correction(config: DictConfig) -> None:
-    """``algorithm.rollout_correction``: truncated IS needs the trainer's own old log-probs (no bypass)."""
+    """``algorithm.rollout_correction``: with the PPO loss, truncated IS weights need the trainer's own old
+    log-probs (no bypass); loss_type=reinforce is bypass mode's loss."""
     key = "algorithm.rollout_correction"
     level = _get(config, f"{key}.rollout_is")
-    if _get(config, f"{key}.bypass_mode") and level is not None:
-        raise ConfigError(f"{key}.rollout_is={level!r} needs {key}.bypass_mode=false: in bypass mode old_log_probs "
-                          "already are the rollout's, so the PPO ratio itself is pi_theta/pi_rollout")
+    bypass, loss_type = _get(config, f"{key}.bypass_mode"), _get(config, f"{key}.loss_type") or "ppo_clip"
+    if bypass and level is not None and loss_type == "ppo_clip":
+        raise ConfigError(f"{key}.rollout_is={level!r} with {key}.loss_type=ppo_clip needs {key}.bypass_mode=false: "
+                          "in bypass mode old_log_probs already are the rollout's, so the PPO ratio itself is "
+                          f"pi_theta/pi_rollout; for explicit IS weights in bypass mode set {key}.loss_type=reinforce")
+    if loss_type == "reinforce" and not bypass:
+        raise ConfigError(f"{key}.loss_type=reinforce is bypass mode's loss: set {key}.bypass_mode=true (or "
+                          f"{key}.loss_type=ppo_clip)")
 
 
 def _check_grad_clip(config: DictConfig) -> None:

@@ -366,13 +366,19 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
                                    "rollout engine; this rollout returned none")
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
             batch.meta_info["bypass_mode"] = True
+            if correction.get("loss_type", "ppo_clip") == "reinforce":
+                batch.meta_info["bypass_reinforce"] = {
+                    "rollout_is": correction.get("rollout_is", None),
+                    "rollout_is_threshold": float(correction.get("rollout_is_threshold", 2.0)),
+                    "rollout_is_batch_normalize": bool(correction.get("rollout_is_batch_normalize", False))}
             return batch, True
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = batch.union(self._compute_old_log_prob(batch, metrics))
         if correction.get("rollout_is", None) and "rollout_log_probs" in batch.batch.keys():
             weights, is_metrics = compute_rollout_is_weights(
                 batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"],
-                correction["rollout_is"], float(correction.get("rollout_is_threshold", 2.0)))
+                correction["rollout_is"], float(correction.get("rollout_is_threshold", 2.0)),
+                batch_normalize=bool(correction.get("rollout_is_batch_normalize", False)))
             batch.batch["rollout_is_weights"] = weights
             metrics.update(is_metrics)
         return batch, False

@@ -41,7 +41,7 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from verl.trainer.ppo.rollout_corr import truncated_is_weights
+from verl.trainer.ppo.rollout_corr import reinforce_is_loss, truncated_is_weights
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.padding import response_mask
@@ -71,9 +71,10 @@ class PolicyLoss:
     """
 
     def __init__(self, cfg, n_rows: int = 0, response_length: int = 0, capture: bool = False,
-                 old_from_update: bool = False):
+                 old_from_update: bool = False, bypass_reinforce: dict | None = None):
         self.cfg = cfg = typed_actor_config(cfg)
         self.old_from_update = old_from_update
+        self.bypass_reinforce = bypass_reinforce  # loss_type=reinforce in bypass mode (rollout_corr.py)
         self.loss_agg_mode = cfg.loss_agg_mode
         self.policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
         self.entropy_coeff = float(cfg.entropy_coeff)
@@ -108,11 +109,21 @@ class PolicyLoss:
             is_weights = micro["rollout_is_weights"]
         elif self.tis_cap > 0 and "rollout_log_probs" in micro.keys():
             is_weights, _ = truncated_is_weights(old_log_prob, micro["rollout_log_probs"], mask, "token", self.tis_cap)
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
-            old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"], response_mask=mask,
-            loss_agg_mode=mode, config=self.cfg, rollout_is_weights=is_weights,
-        )
         metrics = {}
+        if self.bypass_reinforce is not None:
+            r = self.bypass_reinforce
+            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = reinforce_is_loss(
+                log_prob, old_log_prob, micro["advantages"], mask, mode, r["rollout_is"], r["rollout_is_threshold"],
+                r["rollout_is_batch_normalize"])
+            if r["rollout_is"] is not None and mask.any():  # the untruncated pi_theta/pi_rollout of this update
+                _, raw = truncated_is_weights(log_prob.detach(), old_log_prob, mask, r["rollout_is"],
+                                              r["rollout_is_threshold"])
+                metrics["rollout_corr/rollout_is_mean"] = raw[mask.bool()].mean()
+        else:
+            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
+                old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"], response_mask=mask,
+                loss_agg_mode=mode, config=self.cfg, rollout_is_weights=is_weights,
+            )
         loss = pg_loss
         if self.calc_entropy:
             entropy = agg_loss(outputs["entropy"], mask, mode)
@@ -210,7 +221,8 @@ class DataParallelPPOActor(BasePPOActor):
         n_rows, response_length = batch.batch["responses"].shape
         if capture:
             batch.batch["_row"] = torch.arange(n_rows)
-        loss = PolicyLoss(self.config, n_rows, response_length, capture=capture, old_from_update=old_from_update)
+        loss = PolicyLoss(self.config, n_rows, response_length, capture=capture, old_from_update=old_from_update,
+                          bypass_reinforce=data.meta_info.get("bypass_reinforce", None))
         spec = self._train_spec(n_rows, loss, float(data.meta_info.get("temperature", 1.0)))
         if old_from_update and (spec.epochs != 1 or spec.mini_batch_size < n_rows):
             raise ValueError(
