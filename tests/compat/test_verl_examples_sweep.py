@@ -82,6 +82,30 @@ def test_a_command_line_verl_itself_refuses_is_told_apart_with_hydras_rules():
     assert sweep.classify(sweep.verl_refusal(missing, ["a.b=3"], data)) == sweep.SCRIPT
 
 
+def test_verls_micro_batch_rule_is_applied_to_its_composed_config():
+    """verl's ActorConfig / validate_config stop a run whose actor, rollout log-prob pass (and, when they run,
+    reference and critic) has neither micro-batch key set, unless use_dynamic_bsz is on."""
+    unset = {"ppo_micro_batch_size": None, "ppo_micro_batch_size_per_gpu": None, "use_dynamic_bsz": False,
+             "use_kl_loss": False}
+    lp_unset = {"log_prob_micro_batch_size": None, "log_prob_micro_batch_size_per_gpu": None}
+    data = {"verl_configs": {"ppo_trainer": {
+        "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
+        "actor_rollout_ref": {"actor": unset, "rollout": lp_unset, "ref": lp_unset},
+        "critic": {"ppo_micro_batch_size": None, "ppo_micro_batch_size_per_gpu": None, "use_dynamic_bsz": False,
+                   "enable": None}}}, "files": {}}
+    refusal = lambda *argv: sweep.verl_refusal({"entrypoint": "verl.trainer.main_ppo"}, list(argv), data)  # noqa: E731
+    actor, rollout = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", \
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"
+    assert "neither actor_rollout_ref.actor.ppo_micro_batch_size nor" in refusal(rollout)
+    assert sweep.classify(refusal(rollout)) == sweep.SCRIPT
+    assert "neither actor_rollout_ref.rollout.log_prob_micro_batch_size nor" in refusal(actor)
+    assert refusal(actor, rollout) is None  # no KL, GRPO: the reference and the critic do not run
+    assert "actor_rollout_ref.ref.log_prob" in refusal(actor, rollout, "actor_rollout_ref.actor.use_kl_loss=true")
+    assert "neither critic.ppo_micro_batch_size nor" in refusal(actor, rollout, "algorithm.adv_estimator=gae")
+    assert refusal(actor, rollout, "algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=true") is None
+    assert refusal("actor_rollout_ref.actor.use_dynamic_bsz=true") is None
+
+
 def test_every_launch_is_classified_and_the_doc_is_current(data, results):
     assert [r.script for r in results] == list(data["scripts"])
     for r in results:

@@ -261,6 +261,33 @@ def verl_refusal(entry: dict, argv: list[str], data: dict) -> str | None:
         ConfigLoaderImpl._apply_overrides_to_config(overrides, config)
     except ConfigCompositionException as e:
         return f"{VERL_REFUSES}: " + " ".join(str(e).split())
+    return _verl_micro_batch_refusal(config)
+
+
+def _verl_micro_batch_refusal(config) -> str | None:
+    """verl v0.7.0's own micro-batch rule on the composed config (``ActorConfig.__post_init__`` for the actor,
+    ``validate_config``'s ``check_mutually_exclusive`` for the rollout's log-prob pass and, when they run, the
+    reference and the critic): without ``use_dynamic_bsz`` one of ``<x>micro_batch_size`` and
+    ``<x>micro_batch_size_per_gpu`` must be set."""
+    from omegaconf import OmegaConf
+
+    def get(path):
+        return OmegaConf.select(config, path, default=None)
+
+    algo, ar = "algorithm", "actor_rollout_ref"
+    if get(f"{ar}.actor") is None:
+        return None
+    actor_static = not get(f"{ar}.actor.use_dynamic_bsz")
+    checks = [(f"{ar}.actor", "ppo_micro_batch_size", actor_static),
+              (f"{ar}.rollout", "log_prob_micro_batch_size", actor_static),
+              (f"{ar}.ref", "log_prob_micro_batch_size", actor_static and (
+                  bool(get(f"{ar}.actor.use_kl_loss")) or bool(get(f"{algo}.use_kl_in_reward")))),
+              ("critic", "ppo_micro_batch_size", not get("critic.use_dynamic_bsz") and (
+                  get(f"{algo}.adv_estimator") == "gae" or bool(get("critic.enable"))))]
+    for section, name, runs in checks:
+        if runs and get(f"{section}.{name}") is None and get(f"{section}.{name}_per_gpu") is None:
+            return (f"{VERL_REFUSES}: neither {section}.{name} nor {section}.{name}_per_gpu is set and "
+                    f"use_dynamic_bsz is off (verl's micro-batch check stops there)")
     return None
 
 
