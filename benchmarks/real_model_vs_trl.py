@@ -12,7 +12,8 @@ path (HF ``generate``) in its own virtualenv (see ``grpo_vs_trl.py``).
 Fairness settings (both sides): gradient checkpointing off on both (set explicitly; TRL's own default is on);
 the same timer -- the training loop's period, step end to step end (TRL's ``on_step_end`` callback; ours, the
 moment each step's metrics line lands in the file logger), so both include prompt tokenisation and logging.
-One run per side (each takes minutes); for alternating repeated runs use ``grpo_vs_trl.py``.
+``--repeats`` runs per side (default 3), alternating ours / TRL; each run's median over steps 2..N, then the
+median [min, max] over runs.
 
 The floor is the same batch through the bare engines in one process each, no framework around them: vLLM
 generation (in-process engine, same sampling) + one Hugging Face forward/backward/AdamW step over the
@@ -33,6 +34,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_utils import median_range  # noqa: E402
 from grpo_vs_trl import (REWARD_PY, breakdown_line, ensure_trl_venv, median_after_first,  # noqa: E402
                          run_ours, run_trl)
 
@@ -162,6 +164,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--tokens", type=int, default=256, help="completion length, forced on both sides")
     parser.add_argument("--steps", type=int, default=3, help="steps per side (the first is not timed)")
     parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per side, alternating ours / TRL")
     parser.add_argument("--trl_venv", default=os.path.join(tempfile.gettempdir(), "trl-venv"))
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "verl_real_model_vs_trl"))
     parser.add_argument("--skip_trl", action="store_true")
@@ -182,18 +185,27 @@ def main(argv=None) -> dict:
     print(f"# SmolLM2-135M fp32: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens per step, "
           f"{args.steps} steps per side, load avg {os.getloadavg()[0]:.1f}", flush=True)
 
-    with PeakRSS() as rss:
-        ours = run_ours(assets, args.tokens, "fp32", args.steps, args.lr, 1, work / "ours", max_prompt_length=256,
-                        **shape)
-    row = {"ours": median_after_first(ours["step_s"]), "ours_peak_rss_gib": rss.gib}
-    print(f"# ours: steps {[round(s, 2) for s in ours['step_s']]} s, peak RSS {rss.gib:.2f} GiB; breakdown: "
-          f"{breakdown_line(row['ours'], ours['breakdown'])}", flush=True)
-    if trl_python is not None:
+    runs: dict[str, list[float]] = {"ours": [], "trl": []}
+    peaks: dict[str, list[float]] = {"ours": [], "trl": []}
+    for rep in range(args.repeats):
         with PeakRSS() as rss:
-            trl = run_trl(trl_python, assets, args.tokens, "fp32", args.steps, args.lr, work / "trl", **shape)
-        row["trl"], row["trl_peak_rss_gib"] = median_after_first(trl["step_s"]), rss.gib
-        print(f"# TRL: steps {[round(s, 2) for s in trl['step_s']]} s, peak RSS {rss.gib:.2f} GiB, completion "
-              f"lengths {trl['length']}", flush=True)
+            ours = run_ours(assets, args.tokens, "fp32", args.steps, args.lr, 1, work / f"ours{rep}",
+                            max_prompt_length=256, **shape)
+        runs["ours"].append(median_after_first(ours["step_s"]))
+        peaks["ours"].append(rss.gib)
+        print(f"# ours run {rep}: steps {[round(s, 2) for s in ours['step_s']]} s, peak RSS {rss.gib:.2f} GiB; "
+              f"breakdown: {breakdown_line(runs['ours'][-1], ours['breakdown'])}", flush=True)
+        if trl_python is not None:
+            with PeakRSS() as rss:
+                trl = run_trl(trl_python, assets, args.tokens, "fp32", args.steps, args.lr, work / f"trl{rep}",
+                              **shape)
+            runs["trl"].append(median_after_first(trl["step_s"]))
+            peaks["trl"].append(rss.gib)
+            print(f"# TRL run {rep}: steps {[round(s, 2) for s in trl['step_s']]} s, peak RSS {rss.gib:.2f} GiB, "
+                  f"completion lengths {trl['length']}", flush=True)
+    row = {"ours": median_range(runs["ours"]), "ours_peak_rss_gib": max(peaks["ours"])}
+    if runs["trl"]:
+        row["trl"], row["trl_peak_rss_gib"] = median_range(runs["trl"]), max(peaks["trl"])
     if not args.skip_floor:
         row["floor_gen"] = floor("gen", model, subset, args.prompts, args.samples, args.tokens, work / "floor")
         row["floor_train"] = floor("train", model, subset, args.prompts, args.samples, args.tokens, work / "floor")
@@ -201,12 +213,15 @@ def main(argv=None) -> dict:
         print(f"# floor: vLLM generation {row['floor_gen']:.2f} s + HF forward/backward/AdamW "
               f"{row['floor_train']:.2f} s = {row['floor']:.2f} s", flush=True)
 
-    print(f"\nours {row['ours']:.2f} s/step", end="")
+    ours_mid = row["ours"][0]
+    print(f"\nours {ours_mid:.2f} s/step [{row['ours'][1]:.2f}, {row['ours'][2]:.2f}]", end="")
     if "trl" in row:
-        print(f" | TRL {row['trl']:.2f} s/step -> TRL/ours {row['trl'] / row['ours']:.2f}x (goal >= 2.5x)", end="")
+        trl_mid = row["trl"][0]
+        print(f" | TRL {trl_mid:.2f} s/step [{row['trl'][1]:.2f}, {row['trl'][2]:.2f}] -> TRL/ours "
+              f"{trl_mid / ours_mid:.2f}x (goal >= 2.5x)", end="")
     if "floor" in row:
-        print(f" | floor {row['floor']:.2f} s -> ours/floor {row['ours'] / row['floor']:.2f}", end="")
-    print(flush=True)
+        print(f" | floor {row['floor']:.2f} s -> ours/floor {ours_mid / row['floor']:.2f}", end="")
+    print(f"  ({args.repeats} alternating runs per side, median [min, max])", flush=True)
     return row
 
 
