@@ -107,13 +107,15 @@ def compute_rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: t
 
 def reinforce_is_loss(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, advantages: torch.Tensor,
                       response_mask: torch.Tensor, loss_agg_mode: str, level: str | None, threshold: float,
-                      batch_normalize: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                      batch_normalize: bool = False, metrics: dict | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Bypass mode's ``loss_type: reinforce``: ``agg(-w * A * log_prob)`` with ``w`` the truncated (and optionally
     batch-normalized) ``pi_theta / pi_rollout`` at ``level``, detached; ``w = 1`` for ``level=None``.
 
     Returns ``(pg_loss, truncated_frac, ppo_kl, 0)`` in the order of the policy-loss functions: the share of valid
     tokens whose raw ratio exceeds the threshold stands where PPO reports its clip fraction, ``ppo_kl`` is the
-    mean of ``log pi_rollout - log pi_theta`` over valid tokens."""
+    mean of ``log pi_rollout - log pi_theta`` over valid tokens. ``metrics``, when given, receives
+    ``rollout_corr/rollout_is_mean``: the mean untruncated ratio over valid tokens (with a level)."""
     mask = response_mask.to(log_prob.dtype)
     valid = response_mask.bool()
     truncated = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
@@ -125,6 +127,8 @@ def reinforce_is_loss(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, ad
             weights = batch_normalize_is_weights(weights, response_mask, level)
         if valid.any():
             truncated = (raw[valid] > threshold).to(log_prob.dtype).mean()
+            if metrics is not None:
+                metrics["rollout_corr/rollout_is_mean"] = raw[valid].mean()
     pg_losses = -advantages * weights.detach() * log_prob
     pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode)
     n = mask.sum().clamp(min=1)

@@ -114,11 +114,7 @@ class PolicyLoss:
             r = self.bypass_reinforce
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = reinforce_is_loss(
                 log_prob, old_log_prob, micro["advantages"], mask, mode, r["rollout_is"], r["rollout_is_threshold"],
-                r["rollout_is_batch_normalize"])
-            if r["rollout_is"] is not None and mask.any():  # the untruncated pi_theta/pi_rollout of this update
-                _, raw = truncated_is_weights(log_prob.detach(), old_log_prob, mask, r["rollout_is"],
-                                              r["rollout_is_threshold"])
-                metrics["rollout_corr/rollout_is_mean"] = raw[mask.bool()].mean()
+                r["rollout_is_batch_normalize"], metrics=metrics)
         else:
             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
                 old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"], response_mask=mask,
