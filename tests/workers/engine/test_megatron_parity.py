@@ -2,7 +2,8 @@
 
 Log-probs, entropies and the weights after one PPO optimizer step (with an entropy bonus, whose gradient crosses
 the vocabulary shards under tensor parallelism) must agree within 1e-5 for tensor parallel (TP=2, sequence
-parallel on), pipeline parallel (PP=2) and tied / untied embeddings. The actor loss is the unchanged
+parallel on), pipeline parallel (PP=2) and tied / untied embeddings, with log-probs from full vocabulary-parallel
+logits and from hidden states in chunks (``use_fused_kernels``). The actor loss is the unchanged
 ``DataParallelPPOActor`` on both engines.
 """
 
@@ -37,7 +38,7 @@ def _batch() -> DataProto:
 
 
 def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None, entropy_coeff=0.0,
-                   entropy_checkpointing=False):
+                   entropy_checkpointing=False, fused_chunk_size=0):
     from verl.workers.engine import get_engine_cls
 
     # an entropy bonus (its gradient crosses the vocabulary shards), recomputed in backward in one case
@@ -47,7 +48,8 @@ def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None, entr
                               megatron={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                                         "sequence_parallel": True, "use_mbridge": True,
                                         "override_transformer_config": dict(overrides or {})},
-                              optim=dict(cfg.optim), grad_clip=1.0, total_training_steps=10)
+                              optim=dict(cfg.optim), grad_clip=1.0, total_training_steps=10,
+                              fused_chunk_size=fused_chunk_size)
     engine = get_engine_cls("megatron").build(engine_cfg)
     actor = DataParallelPPOActor(config=cfg, engine=engine)
     data = _batch()
@@ -59,7 +61,7 @@ def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None, entr
     applied = {k: getattr(tcfg, k) for k in (overrides or {})}
     if engine.is_output_rank:
         torch.save({"log_probs": log_probs, "entropy": entropy, "metrics": metrics, "weights": weights,
-                    "applied": applied},
+                    "applied": applied, "hidden_state_head": engine._head_weight is not None},
                    os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -86,20 +88,26 @@ def _fsdp_reference(model_dir, entropy_coeff=0.0):
 OVERRIDES = {"attention_softmax_in_fp32": False, "moe_router_dtype": "fp32"}
 
 
-@pytest.mark.parametrize("tp,pp,tie,overrides", [(2, 1, True, None), (2, 1, False, OVERRIDES), (1, 2, True, None),
-                                                 (1, 2, False, None)])
-def test_megatron_matches_fsdp(tmp_path, tp, pp, tie, overrides):
+# fused: model.use_fused_kernels (log-probs from hidden states, FUSED_CHUNK tokens at a time: several chunks per
+# micro-batch), checked against the FSDP engine's full-logits path under TP with sequence parallel and under PP
+FUSED_CHUNK = 3
+
+
+@pytest.mark.parametrize("tp,pp,tie,overrides,fused", [(2, 1, True, None, False), (2, 1, False, OVERRIDES, True),
+                                                       (1, 2, True, None, True), (1, 2, False, None, False)])
+def test_megatron_matches_fsdp(tmp_path, tp, pp, tie, overrides, fused):
     model_dir = make_model_dir(str(tmp_path / "model"), seed=0, tie=tie)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     entropy_coeff = 0.01
     run_distributed(_megatron_rank, 2, model_dir, str(out_dir), tp, pp, overrides, entropy_coeff,
-                    overrides is not None, err_dir=str(tmp_path))
+                    overrides is not None, FUSED_CHUNK if fused else 0, err_dir=str(tmp_path))
     ref = _fsdp_reference(model_dir, entropy_coeff)
     files = sorted(out_dir.iterdir())
     assert len(files) == 1  # one output rank: tensor rank 0 of the last stage
     got = torch.load(files[0])
     assert got["applied"] == dict(overrides or {})
+    assert got["hidden_state_head"] == fused  # the chunked path ran (and only when asked for)
     mask = make_batch(bsz=4, prompt_len=6, resp_len=5, with_ref=False)["response_mask"].bool()
     assert (got["log_probs"] - ref["log_probs"])[mask].abs().max() < TOL
     assert (got["entropy"] - ref["entropy"])[mask].abs().max() < TOL

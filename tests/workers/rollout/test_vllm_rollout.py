@@ -4,6 +4,7 @@ One engine for the whole module (start-up ~10-25 s). The module runs the way a w
 process group exists before the engine is built, and must still work after the engine is gone.
 """
 
+import dataclasses
 import importlib.util
 import os
 import socket
@@ -87,13 +88,14 @@ def make_prompts(tokenizer, texts=TEXTS):
 
 
 def generate(rollout, prompts, **sampling):
-    """generate_sequences with some rollout-config keys changed for this call only."""
-    saved = {k: rollout.config[k] for k in sampling}
-    rollout.config.update(sampling)
+    """generate_sequences with some rollout-config keys changed for this call only (the typed config is frozen:
+    the rollout reads a copy with those fields replaced)."""
+    saved = rollout.config
+    rollout.config = dataclasses.replace(saved, **sampling)
     try:
         return rollout.generate_sequences(prompts)
     finally:
-        rollout.config.update(saved)
+        rollout.config = saved
 
 
 def hf_logprobs(model, out, temperature=1.0):

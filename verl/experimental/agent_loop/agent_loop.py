@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from verl.utils.config import cfg_get
 from verl.utils.import_utils import load_module
+from verl.workers.config.rollout import as_rollout_config
 from verl.workers.rollout.async_server import AsyncRolloutServer, TokenOutput
 from verl.workers.rollout.utils import sampling_params_for
 
@@ -157,9 +158,9 @@ class AgentLoopBase(ABC):
         self.processor = processor
         self.dataset_cls = dataset_cls
         self.dataset_config = dataset_config
-        self.rollout_config = self.config.actor_rollout_ref.rollout
-        self.prompt_length = int(cfg_get(self.rollout_config, "prompt_length", 512))
-        self.response_length = int(cfg_get(self.rollout_config, "response_length", 512))
+        self.rollout_config = as_rollout_config(self.config.actor_rollout_ref.rollout)
+        self.prompt_length = self.rollout_config.prompt_length
+        self.response_length = self.rollout_config.response_length
         self.apply_chat_template_kwargs = dict(cfg_get(dataset_config, "apply_chat_template_kwargs", {}) or {})
 
     def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
@@ -186,22 +187,21 @@ class AgentLoopWorker:
 
     def __init__(self, config, rollout, tokenizer, processor=None, dataset_config=None):
         self.config = config
-        self.rollout_config = config.rollout
+        self.rollout_config = as_rollout_config(config.rollout)
         self.tokenizer = tokenizer
         self.processor = processor
         self.dataset_config = dataset_config
         self.server = AsyncRolloutServer(rollout, self.rollout_config)
         self.server_manager = AsyncLLMServerManager(self.server)
         self.trainer_config = _TrainerConfig(config)
-        agent_cfg = cfg_get(self.rollout_config, "agent", {})
-        self.default_agent = str(cfg_get(agent_cfg, "default_agent_loop", "single_turn_agent"))
+        self.default_agent = self.rollout_config.agent.default_agent_loop
         self.agent_kwargs: dict[str, dict] = {}
-        path = cfg_get(agent_cfg, "agent_loop_config_path", None)
+        path = self.rollout_config.agent.agent_loop_config_path
         if path:
             self.agent_kwargs = load_agent_loop_config(str(path))
         self._loops: dict[str, AgentLoopBase] = {}
-        self.prompt_length = int(cfg_get(self.rollout_config, "prompt_length", 512))
-        self.response_length = int(cfg_get(self.rollout_config, "response_length", 512))
+        self.prompt_length = self.rollout_config.prompt_length
+        self.response_length = self.rollout_config.response_length
 
     def _loop_for(self, name: str) -> AgentLoopBase:
         if name not in self._loops:
@@ -217,7 +217,7 @@ class AgentLoopWorker:
         params = sampling_params_for(self.rollout_config, meta)
         n = int(params.pop("n"))
         sampling = dict(params)
-        if self.rollout_config.get("ignore_eos", False):
+        if self.rollout_config.ignore_eos:
             sampling["ignore_eos"] = True
         outputs, unknown = asyncio.run(self._run_all(prompts, sampling, n))
         return self._pack(outputs, unknown, prompts, n, meta)

@@ -104,8 +104,7 @@ class OpenAIAgentLoop(AgentLoopBase):
         self.where = f"{agent_func_path}:{self.agent_func_name}"
         self.agent_func = load_agent_func(agent_func_path, self.agent_func_name)
         self.request_timeout = float(request_timeout)
-        mt = cfg_get(self.rollout_config, "multi_turn", {})
-        self.tool_parser = ToolParser.get_tool_parser(str(cfg_get(mt, "format", "hermes")), tokenizer)
+        self.tool_parser = ToolParser.get_tool_parser(self.rollout_config.multi_turn.format, tokenizer)
         model_path = str(cfg_get(cfg_get(self.config.actor_rollout_ref, "model", None), "path", "policy"))
         self.model_name = model_path.rstrip("/").rsplit("/", 1)[-1] or "policy"
         self.endpoint = get_loopback_server()

@@ -35,7 +35,6 @@ from uuid import uuid4
 
 from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
 from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
-from verl.utils.config import cfg_get
 
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from .tool_parser import ToolParser
@@ -71,21 +70,21 @@ class ToolAgentLoop(AgentLoopBase):
 
     def __init__(self, trainer_config, server_manager, tokenizer, **kwargs):
         super().__init__(trainer_config, server_manager, tokenizer, **kwargs)
-        mt = cfg_get(self.rollout_config, "multi_turn", {})
-        self.max_assistant_turns = cfg_get(mt, "max_assistant_turns", None)
-        self.max_user_turns = cfg_get(mt, "max_user_turns", None)
-        self.max_parallel_calls = int(cfg_get(mt, "max_parallel_calls", 1))
-        self.max_tool_response_length = int(cfg_get(mt, "max_tool_response_length", 256))
-        self.truncate_side = str(cfg_get(mt, "tool_response_truncate_side", "middle"))
+        mt = self.rollout_config.multi_turn
+        self.max_assistant_turns = mt.max_assistant_turns
+        self.max_user_turns = mt.max_user_turns
+        self.max_parallel_calls = mt.max_parallel_calls
+        self.max_tool_response_length = mt.max_tool_response_length
+        self.truncate_side = mt.tool_response_truncate_side
         truncate_text("", 0, self.truncate_side)  # checks the side name now, not in the middle of a rollout
-        path = cfg_get(mt, "tool_config_path", None)
+        path = mt.tool_config_path
         key = str(path) if path else ""
         if key not in _TOOLS_CACHE:
             _TOOLS_CACHE[key] = initialize_tools_from_config(path) if path else []
         self.tools = {tool.name: tool for tool in _TOOLS_CACHE[key]}
         self.tool_schemas = tool_schemas(list(self.tools.values())) or None
-        self.tool_parser = ToolParser.get_tool_parser(str(cfg_get(mt, "format", "hermes")), tokenizer)
-        ipath = cfg_get(mt, "interaction_config_path", None)
+        self.tool_parser = ToolParser.get_tool_parser(mt.format, tokenizer)
+        ipath = mt.interaction_config_path
         ikey = str(ipath) if ipath else ""
         if ikey not in _INTERACTIONS_CACHE:
             _INTERACTIONS_CACHE[ikey] = initialize_interactions_from_config(ipath) if ipath else {}

@@ -80,7 +80,7 @@ class ModelConfig(Section):
                                            read_in=(ENGINE, "verl/trainer/host_defaults.py"))
     use_liger: bool = key(False, "liger kernels", unsupported="liger kernels are CUDA-only and not wired in; use False")
     use_fused_kernels: bool = key(False, "log-probs and entropies computed from hidden states in chunks of tokens, "
-                                         "never holding [tokens, vocab] logits (FSDP engine; same values)",
+                                         "never holding [tokens, vocab] logits (FSDP and Megatron engines; same values)",
                                   read_in=(ENGINE,))
     fused_kernel_options: FusedKernelOptions = section(FusedKernelOptions)
     tiled_mlp: TiledMLPConfig = section(TiledMLPConfig)

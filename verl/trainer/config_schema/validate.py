@@ -460,10 +460,6 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
         _check_data_tool_config(config)
     _check_kl_type(f"{AR}.actor.kl_loss_type", _get(config, f"{AR}.actor.kl_loss_type"))
     _check_kl_type("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"))
-    if (_get(config, f"{AR}.actor.strategy") == "megatron"
-            and (_get(config, f"{AR}.model.use_fused_kernels") or _get(config, f"{AR}.actor.use_fused_kernels"))):
-        raise ConfigError(f"{AR}.model.use_fused_kernels=True applies to the FSDP engine; the Megatron engine computes "
-                          "log-probs from its vocabulary shards. Set it to False with strategy=megatron")
     _check_pf_ppo(config)
     _check_rollout_correction(config)
     _check_grad_clip(config)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
-__all__ = ["vocab_parallel_log_probs"]
+__all__ = ["vocab_parallel_log_probs", "chunked_vocab_parallel_log_probs"]
 
 
 def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int, *,
@@ -62,3 +62,38 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, vocab_s
         else:
             entropy = tp_entropy(shifted, exp, lse)
     return log_probs, entropy
+
+
+def chunked_vocab_parallel_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                                     vocab_size: int, *, temperature: float = 1.0, chunk_size: int = 1024,
+                                     with_entropy: bool = False, entropy_grad: bool | str = True):
+    """:func:`vocab_parallel_log_probs` of ``hidden @ weight.T / temperature`` for hidden states ``(..., H)`` and
+    this rank's vocabulary rows ``weight`` ``(V_local, H)``, ``chunk_size`` tokens at a time (``use_fused_kernels``
+    with the Megatron engine): only one chunk's ``[chunk_size, V_local]`` logits exist at a time, and under autograd
+    each chunk is recomputed in backward instead of kept."""
+    if chunk_size < 1:
+        raise ValueError(f"fused_kernel_options chunk size {chunk_size} must be >= 1")
+    lead = hidden.shape[:-1]
+    flat, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    need_entropy_grad = bool(entropy_grad)  # the chunk is recomputed in backward already ("checkpoint" = True)
+
+    def chunk(h, y):
+        logits = h @ weight.t()
+        if temperature != 1.0:
+            logits = logits / temperature
+        lp, ent = vocab_parallel_log_probs(logits, y, vocab_size, with_entropy=with_entropy,
+                                           entropy_grad=need_entropy_grad)
+        return lp, (ent if ent is not None else torch.zeros_like(lp))
+
+    recompute = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
+    log_probs, entropies = [], []
+    for start in range(0, flat.shape[0], chunk_size):
+        h, y = flat[start:start + chunk_size], flat_labels[start:start + chunk_size]
+        if recompute:
+            lp, ent = torch.utils.checkpoint.checkpoint(chunk, h, y, use_reentrant=False, preserve_rng_state=False)
+        else:
+            lp, ent = chunk(h, y)
+        log_probs.append(lp)
+        entropies.append(ent)
+    log_probs = torch.cat(log_probs).reshape(lead)
+    return log_probs, (torch.cat(entropies).reshape(lead) if with_entropy else None)

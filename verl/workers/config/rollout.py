@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import verl.trainer.config_schema.rollout as schema
 from verl.trainer.config_schema.spec import key, section
+from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config.base import CheckedSection
 
 __all__ = ["SamplingConfig", "MultiTurnConfig", "CustomAsyncServerConfig", "AgentLoopConfig", "TraceConfig",
-           "ServerConfig", "PrometheusConfig", "RolloutConfig"]
+           "ServerConfig", "PrometheusConfig", "RolloutConfig", "as_rollout_config"]
 
 IN_WORKER = "the rollout engine runs inside each worker (no separate server); leave the default"
 
@@ -85,3 +86,12 @@ class RolloutConfig(schema.RolloutConfig, CheckedSection):
     multi_turn: MultiTurnConfig = section(MultiTurnConfig)
     agent: AgentLoopConfig = section(AgentLoopConfig)
     val_kwargs: SamplingConfig = section(SamplingConfig)
+
+
+def as_rollout_config(config: Any) -> RolloutConfig:
+    """``config`` as a :class:`RolloutConfig`: one passes through; the yaml's ``actor_rollout_ref.rollout`` section
+    (a DictConfig or a mapping, None for all defaults) is built once, with the schema's default for every key it
+    leaves out. Rollouts, the request server and the agent loops read their settings from the result."""
+    if isinstance(config, RolloutConfig):
+        return config
+    return omega_conf_to_dataclass(config if config is not None else {}, RolloutConfig)

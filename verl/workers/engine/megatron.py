@@ -10,7 +10,9 @@ How a micro-batch runs: each row is shifted so its valid tokens start at column 
 right-padded responses are contiguous), which makes rotary positions equal the HF ``position_ids`` and the
 causal mask sufficient; columns are trimmed to the longest row (a multiple of the TP size with sequence
 parallel). Log-probs and entropies come from the vocabulary-parallel logits
-(``verl.utils.megatron.vocab_parallel``); the critic's values from a replicated scalar head.
+(``verl.utils.megatron.vocab_parallel``); with ``model.use_fused_kernels`` the model returns its last hidden
+states and the logits are formed a chunk of tokens at a time (recomputed in backward), so the full
+``[tokens, vocabulary / TP]`` logits never exist. The critic's values come from a replicated scalar head.
 
 Pipeline parallel: each micro-batch goes forward stage by stage (activations sent point-to-point to the next
 stage), the last stage computes the outputs and the loss, and gradients travel back the same way
@@ -25,6 +27,7 @@ data-parallel rank its state is sharded over the data-parallel group (``ZeroRedu
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -43,7 +46,7 @@ from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
 from verl.utils.megatron.checkpoint import MegatronCheckpointer, write_hf_dir
 from verl.utils.megatron.parallel import init_model_parallel
-from verl.utils.megatron.vocab_parallel import vocab_parallel_log_probs
+from verl.utils.megatron.vocab_parallel import chunked_vocab_parallel_log_probs, vocab_parallel_log_probs
 from verl.workers.engine.base import TrainEngine
 from verl.workers.engine.config import EngineConfig
 
@@ -65,7 +68,7 @@ class MegatronEngine(TrainEngine):
 
     def __init__(self, model, hf_config, *, value_head: bool, optimizer=None, lr_scheduler=None, grad_clip=None,
                  sequence_parallel: bool = False, checkpoint_config=None, tokenizer=None, name: str = "engine",
-                 model_path: str | None = None):
+                 model_path: str | None = None, fused_chunk_size: int = 0):
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
@@ -80,6 +83,9 @@ class MegatronEngine(TrainEngine):
         self.tokenizer = tokenizer
         self.name = name
         self.model_path = model_path
+        # model.use_fused_kernels: log-probs from the last hidden states in chunks of tokens (0: from full logits)
+        self.fused_chunk_size = 0 if value_head else int(fused_chunk_size)
+        self._head_weight = None  # the output layer's weight seen by the last forward with hidden-state output
         self.layout = ParallelLayout()
         self.dp_group = ps.get_data_parallel_group()
         self._dp_size = ps.get_data_parallel_world_size()
@@ -131,7 +137,7 @@ class MegatronEngine(TrainEngine):
         return cls(model, hf_config, value_head=value_head, optimizer=optimizer, lr_scheduler=scheduler,
                    grad_clip=config.grad_clip, sequence_parallel=s["sequence_parallel"],
                    checkpoint_config=config.checkpoint, tokenizer=tokenizer, name=config.name,
-                   model_path=config.model_path)
+                   model_path=config.model_path, fused_chunk_size=config.fused_chunk_size)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -176,9 +182,40 @@ class MegatronEngine(TrainEngine):
         out = per_pos.gather(1, idx.clamp(0, per_pos.shape[1] - 1))
         return torch.where(ok, out, torch.zeros_like(out))
 
-    def _run_stage(self, aligned: torch.Tensor, need_grad: bool):
-        """Forward this stage: receive the previous stage's activations (pipeline), run the model.
-        Returns (output, received input tensor or None)."""
+    def _fused(self, outputs) -> bool:
+        """Whether this forward's last stage returns hidden states for the chunked log-prob head."""
+        return bool(self.fused_chunk_size) and self.layout.last and ("log_probs" in outputs or "entropy" in outputs)
+
+    @contextlib.contextmanager
+    def _hidden_state_output(self, enabled: bool):
+        """Within the block the model's output layer passes its input through (gathered over the sequence-parallel
+        ranks, its gradient summed over the tensor ranks, as the layer's own input path does), so the model returns
+        its last hidden states ``(B, L, H)``; the layer's weight (the tied embedding's on a tied model) is kept for
+        :func:`chunked_vocab_parallel_log_probs`."""
+        if not enabled:
+            yield
+            return
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+        from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
+                                                   gather_from_sequence_parallel_region)
+
+        head = self.module.output_layer
+
+        def forward(input_, weight=None, runtime_gather_output=None):
+            self._head_weight = head.weight if weight is None else weight
+            if head.sequence_parallel:
+                return gather_from_sequence_parallel_region(input_), None
+            return copy_to_tensor_model_parallel_region(input_), None
+
+        head.forward = forward
+        try:
+            yield
+        finally:
+            del head.forward  # back to the class's forward
+
+    def _run_stage(self, aligned: torch.Tensor, need_grad: bool, hidden_output: bool = False):
+        """Forward this stage: receive the previous stage's activations (pipeline), run the model (its last hidden
+        states instead of logits with ``hidden_output``). Returns (output, received input tensor or None)."""
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
@@ -194,12 +231,21 @@ class MegatronEngine(TrainEngine):
             self.module.set_input_tensor(recv)
         # True = masked (megatron's convention); passed explicitly, megatron's default mask is built on CUDA
         causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=aligned.device), diagonal=1)
-        out = self.module(input_ids=aligned, position_ids=positions, attention_mask=causal[None, None])
+        with self._hidden_state_output(hidden_output):
+            out = self.module(input_ids=aligned, position_ids=positions, attention_mask=causal[None, None])
         return out, recv
 
     def _outputs_from(self, out, micro, aligned, starts, lengths, outputs, temperature, entropy_grad) -> dict:
         result = {}
-        if "log_probs" in outputs or "entropy" in outputs:
+        if self._fused(outputs):
+            lp, ent = chunked_vocab_parallel_log_probs(out[:, :-1], self._head_weight, aligned[:, 1:],
+                                                       self.hf_config.vocab_size, temperature=temperature,
+                                                       chunk_size=self.fused_chunk_size,
+                                                       with_entropy="entropy" in outputs, entropy_grad=entropy_grad)
+            result["log_probs"] = self._to_response(lp, micro, starts, lengths)
+            if ent is not None:
+                result["entropy"] = self._to_response(ent, micro, starts, lengths)
+        elif "log_probs" in outputs or "entropy" in outputs:
             logits = out[:, :-1] / temperature if temperature != 1.0 else out[:, :-1]
             lp, ent = vocab_parallel_log_probs(logits, aligned[:, 1:], self.hf_config.vocab_size,
                                                with_entropy="entropy" in outputs, entropy_grad=entropy_grad)
@@ -217,7 +263,7 @@ class MegatronEngine(TrainEngine):
 
     def forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
         aligned, starts, lengths = self._aligned(micro)
-        out, _ = self._run_stage(aligned, torch.is_grad_enabled())
+        out, _ = self._run_stage(aligned, torch.is_grad_enabled(), self._fused(outputs))
         if not self.layout.last:
             self._send_next(out)
             b, r = micro["responses"].shape
@@ -237,7 +283,7 @@ class MegatronEngine(TrainEngine):
         from megatron.core import parallel_state as ps
 
         aligned, starts, lengths = self._aligned(micro)
-        out, recv = self._run_stage(aligned, True)
+        out, recv = self._run_stage(aligned, True, self._fused(spec.outputs))
         metrics = {}
         if self.layout.last:
             outputs = self._outputs_from(out, micro, aligned, starts, lengths, spec.outputs, spec.temperature,

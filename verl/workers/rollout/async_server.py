@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 import torch
 
-from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
+from verl.workers.config.rollout import as_rollout_config
 
 from .base import BaseRollout
 from .utils import SAMPLING_KEYS, resolve_sampling
@@ -62,12 +62,13 @@ def request_sampling_params(config: Any, sampling_params: Optional[dict] = None)
     Returns ``temperature``, ``top_p``, ``top_k``, ``do_sample``, ``max_tokens``, ``ignore_eos``. A temperature of 0
     or ``do_sample=False`` means greedy (log-probs then at temperature 1, like the batch engines).
     """
+    config = as_rollout_config(config)
     sp = dict(sampling_params or {})
     max_tokens = sp.get("max_tokens", sp.get("max_new_tokens", None))
     params = resolve_sampling(config, {k: sp.get(k) for k in SAMPLING_KEYS})
     del params["n"]  # a request is one sample
-    params.update(max_tokens=int(max_tokens if max_tokens is not None else cfg_get(config, "response_length", 512)),
-                  ignore_eos=bool(sp.get("ignore_eos", cfg_get(config, "ignore_eos", False))))
+    params.update(max_tokens=int(max_tokens if max_tokens is not None else config.response_length),
+                  ignore_eos=bool(sp.get("ignore_eos", config.ignore_eos)))
     if params["max_tokens"] < 1:
         raise ValueError(f"sampling_params max_tokens={params['max_tokens']} must be >= 1")
     return params
@@ -85,9 +86,8 @@ class AsyncRolloutServer:
 
     def __init__(self, rollout: BaseRollout, config: Any = None, max_batch_requests: Optional[int] = None):
         self.rollout = rollout
-        self.config = config if config is not None else getattr(rollout, "config", None)
-        self.max_batch_requests = int(max_batch_requests or cfg_get(self.config, "micro_batch_size", 0)
-                                      or cfg_get(self.config, "max_num_seqs", 256))
+        self.config = as_rollout_config(config if config is not None else getattr(rollout, "config", None))
+        self.max_batch_requests = int(max_batch_requests or self.config.micro_batch_size or self.config.max_num_seqs)
         self._pending: list[RolloutRequest] = []
         self._drainer: Optional[asyncio.Task] = None
         # counters for metrics / tests: engine calls, requests served, the largest batch seen

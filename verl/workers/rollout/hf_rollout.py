@@ -31,9 +31,9 @@ import torch
 import torch.nn as nn
 
 from verl.protocol import DataProto
-from verl.utils.config import cfg_get
 from verl.utils.model import causal_lm_class, load_hf_config
 from verl.utils.tokenizer import hf_processor
+from verl.workers.config.rollout import as_rollout_config
 
 from .async_server import TokenOutput
 from .base import BaseRollout
@@ -83,9 +83,9 @@ class HFRollout(BaseRollout):
                  device: str | torch.device = "cpu", processor=None, **_ignored):
         if isinstance(config, nn.Module):  # verl's HFRollout(module, config)
             module, config, model_path = config, model_path, None
-        self.config = config
+        self.config = config = as_rollout_config(config)
         self.device = torch.device(device)
-        self.dtype = resolve_torch_dtype(dtype if dtype is not None else cfg_get(config, "dtype", "bfloat16"))
+        self.dtype = resolve_torch_dtype(dtype if dtype is not None else config.dtype)
         if module is None:
             if model_path is None:
                 raise ValueError("HFRollout needs model_path (an HF model directory) or module")
@@ -149,11 +149,11 @@ class HFRollout(BaseRollout):
         meta = dict(prompts.meta_info)
         params = sampling_params_for(self.config, meta)
         eos_ids = eos_id_list(meta.get("eos_token_id", self.eos_token_id))
-        if cfg_get(self.config, "ignore_eos", False):
+        if self.config.ignore_eos:
             eos_ids = []
         pad_id = meta.get("pad_token_id", self.pad_token_id)
         pad_id = int(pad_id if pad_id is not None else 0)
-        response_length = int(cfg_get(self.config, "response_length", 512))
+        response_length = self.config.response_length
 
         idx = prompts.batch["input_ids"].to(self.device)
         attn = prompts.batch["attention_mask"].to(self.device)
@@ -165,7 +165,7 @@ class HFRollout(BaseRollout):
             idx, attn, pos = (t.repeat_interleave(n, dim=0) for t in (idx, attn, pos))
             images = [row for row in images for _ in range(n)] if images is not None else None
 
-        micro = int(cfg_get(self.config, "micro_batch_size", 0) or idx.size(0))
+        micro = int(self.config.micro_batch_size or idx.size(0))
         responses, logps = [], []
         for start in range(0, idx.size(0), micro):
             sl = slice(start, start + micro)
@@ -196,7 +196,7 @@ class HFRollout(BaseRollout):
     def generate_requests(self, requests: list) -> list:
         """Request-level generation: requests with the same sampling settings are left-padded into one sampling
         loop; each row keeps its own ``max_tokens`` and stops at its first EOS (see ``async_server``)."""
-        eos_all = [] if cfg_get(self.config, "ignore_eos", False) else eos_id_list(self.eos_token_id)
+        eos_all = [] if self.config.ignore_eos else eos_id_list(self.eos_token_id)
         pad_id = int(self.pad_token_id if self.pad_token_id is not None else 0)
         groups: dict[tuple, list[int]] = {}
         for i, req in enumerate(requests):

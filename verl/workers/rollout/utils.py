@@ -6,8 +6,8 @@ from typing import Any, Iterable
 
 import torch
 
-from verl.utils.config import cfg_get
 from verl.utils.torch_dtypes import to_torch_dtype
+from verl.workers.config.rollout import as_rollout_config
 
 # the one dtype resolver ('bf16' / 'bfloat16' / 'fp32' / torch.float16 ... -> torch.dtype), under the name the
 # rollout engines import
@@ -87,9 +87,7 @@ def resolve_special_tokens(*sources: Any) -> tuple[Any, int]:
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "do_sample")
-# the rollout section's own defaults (the schema's) for a config that leaves a sampling key out
-_SAMPLING_DEFAULTS = dict(n=1, temperature=1.0, top_p=1.0, top_k=-1, do_sample=True)
-_VALIDATION_DEFAULTS = dict(n=1, temperature=0.0, top_p=1.0, top_k=-1, do_sample=False)
+_RESOLVED_KEYS = ("n",) + SAMPLING_KEYS  # what resolve_sampling returns
 
 
 def resolve_sampling(config: Any, overrides: dict | None = None, *, validate: bool = False) -> dict:
@@ -101,12 +99,12 @@ def resolve_sampling(config: Any, overrides: dict | None = None, *, validate: bo
     ``overrides`` that are not None replace them. ``do_sample=False`` or a temperature of 0 means greedy: ``n=1``
     where sampling was turned off, temperature 0, no top-p/top-k (log-probs then at temperature 1).
     """
-    src = cfg_get(config, "val_kwargs", {}) if validate else config
-    defaults = _VALIDATION_DEFAULTS if validate else _SAMPLING_DEFAULTS
-    params = {k: cfg_get(src, k, default) for k, default in defaults.items()}
+    config = as_rollout_config(config)
+    src = config.val_kwargs if validate else config
+    params = {k: getattr(src, k) for k in _RESOLVED_KEYS}
     if validate:
         params["n"] = 1
-    params.update({k: v for k, v in (overrides or {}).items() if k in defaults and v is not None})
+    params.update({k: v for k, v in (overrides or {}).items() if k in _RESOLVED_KEYS and v is not None})
     params = dict(n=int(params["n"]), temperature=float(params["temperature"]), top_p=float(params["top_p"]),
                   top_k=int(params["top_k"]), do_sample=bool(params["do_sample"]))
     if not params["do_sample"] or params["temperature"] <= 0:

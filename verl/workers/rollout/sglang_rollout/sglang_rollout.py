@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.config import cfg_get
+from verl.workers.config.rollout import as_rollout_config
 
 from ..base import BaseRollout
 from ..utils import eos_id_list, resolve_special_tokens, resolve_torch_dtype, sampling_params_for
@@ -79,23 +79,22 @@ def bucket_named_tensors(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes
 
 
 def _engine_kwargs(config: Any, model_path: str, trust_remote_code: bool) -> dict:
-    prompt_length = int(cfg_get(config, "prompt_length", 512))
-    response_length = int(cfg_get(config, "response_length", 512))
-    dtype = resolve_torch_dtype(cfg_get(config, "dtype", "bfloat16"))
+    config = as_rollout_config(config)
+    dtype = resolve_torch_dtype(config.dtype)
     kwargs = dict(
         model_path=model_path,
         dtype={torch.float32: "float32", torch.float16: "float16"}.get(dtype, "bfloat16"),
-        tp_size=int(cfg_get(config, "tensor_model_parallel_size", 1)),
-        mem_fraction_static=float(cfg_get(config, "gpu_memory_utilization", 0.5)),
-        context_length=int(cfg_get(config, "max_model_len", 0) or prompt_length + response_length),
-        load_format=str(cfg_get(config, "load_format", "auto")),
-        enable_memory_saver=bool(cfg_get(config, "free_cache_engine", True)),
+        tp_size=config.tensor_model_parallel_size,
+        mem_fraction_static=config.gpu_memory_utilization,
+        context_length=config.max_model_len or config.prompt_length + config.response_length,
+        load_format=config.load_format,
+        enable_memory_saver=config.free_cache_engine,
         skip_tokenizer_init=True,
         trust_remote_code=trust_remote_code,
-        random_seed=int(cfg_get(config, "seed", 0)),
+        random_seed=0 if config.seed is None else config.seed,  # SGLang's own default seed
         log_level="error",
     )
-    extra = cfg_get(cfg_get(config, "engine_kwargs", None), "sglang", None) or {}
+    extra = config.engine_kwargs.sglang or {}
     kwargs.update({k: v for k, v in dict(extra).items() if v is not None})
     return kwargs
 
@@ -111,11 +110,11 @@ class SGLangRollout(BaseRollout):
         # optional heavy dependency: sglang (CUDA only) comes with the sglang extra, used for rollout.name=sglang
         import sglang
 
-        self.config = config
-        self.response_length = int(cfg_get(config, "response_length", 512))
-        self.ignore_eos = bool(cfg_get(config, "ignore_eos", False))
-        self.free_cache_engine = bool(cfg_get(config, "free_cache_engine", True))
-        self.bucket_bytes = int(float(cfg_get(config, "update_weights_bucket_megabytes", 512)) * (1 << 20))
+        self.config = config = as_rollout_config(config)
+        self.response_length = config.response_length
+        self.ignore_eos = config.ignore_eos
+        self.free_cache_engine = config.free_cache_engine
+        self.bucket_bytes = int(float(config.update_weights_bucket_megabytes) * (1 << 20))
         self.engine_kwargs = _engine_kwargs(config, str(model_path), trust_remote_code)
         self.engine = sglang.Engine(**self.engine_kwargs)
         self._released = False

