@@ -95,6 +95,9 @@ def test_good_config_passes_and_plans_roles(assets):
      r"old_log_prob_source=update is exact only with one update per batch, but .*ppo_mini_batch_size=4 < "
      r"data.train_batch_size=8.*use actor_rollout_ref.actor.old_log_prob_source=trainer"),
     (["actor_rollout_ref.actor.old_log_prob_source=later"], r"old_log_prob_source='later' is not one of: trainer, update"),
+    (["reward_model.sandbox_fusion.url=localhost:8080"],
+     r"sandbox_fusion.url='localhost:8080' is not an http\(s\) URL.*leave it null to run programs in a local subprocess"),
+    (["reward_model.sandbox_fusion.max_concurrent=0"], r"sandbox_fusion.max_concurrent=0 must be"),
 ])
 def test_bad_values_raise_config_error(assets, extra, pattern):
     with pytest.raises(ConfigError, match=pattern):

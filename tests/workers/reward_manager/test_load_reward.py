@@ -157,3 +157,26 @@ def test_docs_example_runs(char_tokenizer, make_batch, tmp_path):
     reward, extra = compute_reward(data, load_reward_manager(cfg, char_tokenizer, 0))
     assert reward.sum().item() == pytest.approx(1.2)
     assert extra["acc"] == [True, False] and extra["has_answer"] == [True, False]
+
+
+@pytest.mark.parametrize("manager", ["naive", "batch"])
+def test_sandbox_fusion_url_scores_code_rows_on_the_server(char_tokenizer, make_batch, response_lengths, manager):
+    """reward_model.sandbox_fusion.url: the code data sources' programs run on that server (its memory limit
+    sent along); other data sources are scored as before."""
+    import json
+
+    from tests.utils.reward_score.sandbox_server import running_sandbox
+
+    cases = json.dumps({"inputs": ["2\n", "-3\n"], "outputs": ["4\n", "-6\n"]})
+    rows = [("Q", "```python\nprint(int(input())*2)\n```", "codecontests", cases),
+            ("Q", "```python\nprint(abs(int(input()))*2)\n```", "codeforces", cases),
+            ("Q", "7", "arithmetic", "7")]
+    data = make_batch(rows, resp_len=48)
+    with running_sandbox() as (url, handler):
+        cfg = make_config(reward_model={"reward_manager": manager, "reward_kwargs": {},
+                                        "sandbox_fusion": {"url": url, "max_concurrent": 4, "memory_limit_mb": 512}})
+        reward, extra = compute_reward(data, load_reward_manager(cfg, char_tokenizer, num_examine=0))
+    lens = response_lengths(rows, resp_len=48)
+    assert [reward[i, lens[i] - 1].item() for i in range(3)] == [1.0, 0.5, 1.0]
+    assert len(handler.requests) == 4 and {r["memory_limit_MB"] for r in handler.requests} == {512}
+    assert extra["passed"][:2] == [2, 1]

@@ -142,17 +142,20 @@ class RMRolloutConfig(Section):
     skip_tokenizer_init: bool = key(False, "start the engine without a tokenizer", inert=NO_GENRM)
 
 
-NO_SANDBOX = ("sandboxed code execution (Sandbox Fusion) is not available; score code with your own function "
-              "(custom_reward_function.path)")
+CODE_SCORER = "verl/utils/reward_score/sandbox_fusion.py"
 
 
 @dataclass(frozen=True)
 class SandboxFusionConfig(Section):
-    """``reward_model.sandbox_fusion``: verl's remote code runner for code rewards."""
+    """``reward_model.sandbox_fusion``: where the code data sources (codecontests, apps, codeforces, taco) run the
+    response's program on the row's test cases."""
 
-    url: Optional[str] = key(None, "Sandbox Fusion endpoint", unsupported=NO_SANDBOX + "; leave it null")
-    max_concurrent: int = key(64, "concurrent sandbox requests", ge=1, unsupported=NO_SANDBOX)
-    memory_limit_mb: int = key(1024, "memory limit per sandboxed run", ge=1, unsupported=NO_SANDBOX)
+    url: Optional[str] = key(None, "a Sandbox Fusion server's run_code endpoint, http(s)://... (null: each "
+                                   "program runs in a local isolated subprocess)", read_in=(REWARD, CODE_SCORER))
+    max_concurrent: int = key(64, "requests to the server at a time (per scoring process)", ge=1,
+                              read_in=(REWARD, CODE_SCORER))
+    memory_limit_mb: int = key(1024, "memory limit per program run (server and local)", ge=1,
+                               read_in=(REWARD, CODE_SCORER))
 
 
 @dataclass(frozen=True)

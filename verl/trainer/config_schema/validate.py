@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -268,6 +269,14 @@ def _check_megatron(config: DictConfig, check_files: bool = True) -> None:
         check_megatron_config(config, check_files=check_files)
 
 
+def _check_sandbox_url(config: DictConfig) -> None:
+    url = _get(config, "reward_model.sandbox_fusion.url")
+    if url is not None and not re.match(r"^https?://[^/\s]+", str(url)):
+        raise ConfigError(f"reward_model.sandbox_fusion.url={url!r} is not an http(s) URL; give the Sandbox Fusion "
+                          "server's run_code endpoint (e.g. http://localhost:8080/run_code) or leave it null to run "
+                          "programs in a local subprocess")
+
+
 def _check_pf_ppo(config: DictConfig) -> None:
     """``algorithm.pf_ppo.*`` (checked even with PF-PPO off, so a typo does not wait for the day it is on)."""
     _check_choice("algorithm.pf_ppo.reweight_method", _get(config, "algorithm.pf_ppo.reweight_method"), REWEIGHT_METHODS)
@@ -461,6 +470,7 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     _check_kl_type(f"{AR}.actor.kl_loss_type", _get(config, f"{AR}.actor.kl_loss_type"))
     _check_kl_type("algorithm.kl_penalty", _get(config, "algorithm.kl_penalty"))
     _check_pf_ppo(config)
+    _check_sandbox_url(config)
     _check_rollout_correction(config)
     _check_grad_clip(config)
     if _get(config, OLD_LOG_PROB_KEY) == "update":

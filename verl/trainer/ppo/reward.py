@@ -129,6 +129,12 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
     ``num_processes`` / ``timeout`` for ``prime``.
     """
     compute_score = get_custom_reward_fn(config) or default_compute_score
+    sandbox_url = _get(config, "reward_model.sandbox_fusion.url")
+    if sandbox_url and compute_score is default_compute_score:
+        # code data sources (codecontests, apps, codeforces, taco) run their programs on that server
+        limits = {k: _get(config, f"reward_model.sandbox_fusion.{k}") for k in ("memory_limit_mb", "max_concurrent")}
+        compute_score = functools.partial(default_compute_score, sandbox_fusion_url=str(sandbox_url),
+                                          **{k: int(v) for k, v in limits.items() if v is not None})
 
     source = _get(config, "reward_manager.source", "register")
     if source == "register":

@@ -15,15 +15,17 @@ Adding a data source is one decorated function::
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
 # the scorers use only the standard library (math-verify, which is heavy, is imported by its wrapper on first use)
-from verl.utils.reward_score import arithmetic, countdown, geo3k, gsm8k, gsm_symbolic, math_dapo, math_verify
+from verl.utils.reward_score import (arithmetic, countdown, geo3k, gsm8k, gsm_symbolic, math_dapo, math_verify,
+                                     sandbox_fusion)
 from verl.utils.reward_score import math as math_score
 
 __all__ = ["default_compute_score", "register_score_fn", "get_score_fn", "require_score_fn",
-           "supported_data_sources", "UnknownDataSourceError"]
+           "supported_data_sources", "UnknownDataSourceError", "is_default_scorer"]
 
 ScoreFn = Callable[..., Any]
 _SCORE_FNS: dict[str, ScoreFn] = {}
@@ -131,6 +133,16 @@ def _score_gsm_symbolic(solution_str, ground_truth, extra_info=None, format_scor
     return gsm_symbolic.compute_score(solution_str, ground_truth, format_score=format_score, score=score)
 
 
+@register_score_fn(*sandbox_fusion.CODE_DATA_SOURCES)
+def _score_code(solution_str, ground_truth, extra_info=None, sandbox_fusion_url=None, concurrent_semaphore=None,
+                memory_limit_mb=1024, max_concurrent=64):
+    """The share of the row's test cases the response's program passes (``sandbox_fusion``): on the Sandbox
+    Fusion server ``reward_model.sandbox_fusion.url`` when set, else in a local subprocess."""
+    return sandbox_fusion.compute_score(solution_str, ground_truth, sandbox_url=sandbox_fusion_url,
+                                        memory_limit_mb=memory_limit_mb, max_concurrent=max_concurrent,
+                                        semaphore=concurrent_semaphore)
+
+
 # ---------------------------------------------------------------------------------------------- dispatch
 
 def _accepted_kwargs(fn: ScoreFn, kwargs: dict) -> dict:
@@ -164,6 +176,12 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
     fn = require_score_fn(data_source)
     result = fn(solution_str, ground_truth, extra_info=extra_info, **_accepted_kwargs(fn, kwargs))
     return _as_score(result, data_source)
+
+
+def is_default_scorer(fn: Any) -> bool:
+    """Whether ``fn`` is :func:`default_compute_score`, also with options bound (``functools.partial``: the
+    sandbox settings of ``reward_model.sandbox_fusion``)."""
+    return fn is default_compute_score or (isinstance(fn, functools.partial) and fn.func is default_compute_score)
 
 
 # Older verl releases and many recipes import the private name.

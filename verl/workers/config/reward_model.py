@@ -13,7 +13,7 @@ __all__ = ["SandboxFusionConfig", "RewardModelConfig"]
 
 @dataclass(frozen=True)
 class SandboxFusionConfig(schema.SandboxFusionConfig, CheckedSection):
-    """``reward_model.sandbox_fusion`` (accepted at its defaults)."""
+    """``reward_model.sandbox_fusion``: the code-execution settings of the code data sources."""
 
 
 @dataclass(frozen=True)

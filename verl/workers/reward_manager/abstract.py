@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from verl.utils.reward_score import default_compute_score
+from verl.utils.reward_score import default_compute_score, is_default_scorer
 
 __all__ = ["AbstractRewardManager", "RewardSample"]
 
@@ -61,7 +61,7 @@ class AbstractRewardManager(ABC):
         self.num_examine = int(num_examine)
         self.compute_score = compute_score if compute_score is not None else default_compute_score
         # the built-in scorers compare with reward_model.ground_truth; a user's function may do without it
-        self.needs_ground_truth = self.compute_score is default_compute_score
+        self.needs_ground_truth = is_default_scorer(self.compute_score)
         self.reward_fn_key = reward_fn_key
         self.reward_kwargs = kwargs
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl.utils.reward_score import default_compute_score
+from verl.utils.reward_score import default_compute_score, is_default_scorer
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample
 from verl.workers.reward_manager.registry import register
 
@@ -25,8 +25,8 @@ class BatchRewardManager(AbstractRewardManager):
 
     def __init__(self, tokenizer, num_examine=0, compute_score=None, reward_fn_key="data_source", **reward_kwargs):
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **reward_kwargs)
-        if compute_score is None or compute_score is default_compute_score:
-            self.compute_score = _per_sample(default_compute_score)
+        if compute_score is None or is_default_scorer(compute_score):
+            self.compute_score = _per_sample(compute_score or default_compute_score)
 
     def score_samples(self, samples: list[RewardSample]) -> list:
         results = self.compute_score(

@@ -26,7 +26,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from verl.utils.reward_score import default_compute_score, require_score_fn
+from verl.utils.reward_score import is_default_scorer, require_score_fn
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample
 from verl.workers.reward_manager.registry import register
 
@@ -249,7 +249,7 @@ class PrimeRewardManager(AbstractRewardManager):
         """With the built-in scorer, an unknown data_source would raise in every worker and score 0 as an
         "error": the run would train on all-zero reward. Fail here, on the driver, with the registry's
         message (which says how to plug in a custom function)."""
-        if self.compute_score is not default_compute_score:
+        if not is_default_scorer(self.compute_score):
             return
         for data_source in dict.fromkeys(s.data_source for s in samples):
             require_score_fn(data_source)  # raises UnknownDataSourceError
