@@ -97,6 +97,8 @@ def test_overlong_prompts(assets, tmp_path, capsys):
     ("rollout.n=4", "rollout.n=4 has no effect in main_generation .*data.n_samples"),
     ("rollout.name=sglang", "rollout.name='sglang' is not available"),
     ("actor.ulysses_sequence_parallel_size=2", "no actor"),
+    ("rollout.tensor_model_parallel_size=2", "needs rollout.name=vllm .*hf engine has no tensor parallelism"),
+    ("rollout.tensor_model_parallel_size=0", "tensor_model_parallel_size must be a positive integer"),
 ])
 def test_config_errors_write_nothing(assets, tmp_path, override, message):
     out = tmp_path / "gen.parquet"
@@ -138,16 +140,19 @@ def test_cli_exit_code(assets, tmp_path):
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
 def test_vllm_greedy_matches_hf(assets, tmp_path):
-    hf, vl = tmp_path / "hf.parquet", tmp_path / "vllm.parquet"
+    """The vLLM engine, tensor-parallel over 2 processes (verl's rollout.tensor_model_parallel_size; each holds
+    half of every layer), writes the same greedy responses as the HF engine."""
+    hf, vl = tmp_path / "hf.parquet", tmp_path / "vllm_tp2.parquet"
     common = ("data.n_samples=1", "rollout.temperature=0", "rollout.max_num_seqs=8")
     run_generation(gen_cfg(assets, hf, *common))
-    # the vLLM engine runs in its own process, as users run it: an in-process vLLM engine would stay in this
+    # the vLLM engine runs in its own processes, as users run it: an in-process vLLM engine would stay in this
     # pytest process, and tests that fork later (run_distributed) must not inherit its threads
     args = [f"data.path={assets['data']}", f"data.output_path={vl}", f"model.path={assets['model']}",
             "rollout.name=vllm", "rollout.dtype=float32", "rollout.prompt_length=32", "rollout.response_length=6",
-            "data.batch_size=2", *common, f"hydra.run.dir={tmp_path / 'hydra'}"]
+            "data.batch_size=2", "rollout.tensor_model_parallel_size=2", *common, f"hydra.run.dir={tmp_path / 'hydra'}"]
     proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_generation", *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=900, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     hf_rows, vl_rows = pq.read_table(hf).to_pylist(), pq.read_table(vl).to_pylist()
     assert [r["responses"] for r in vl_rows] == [r["responses"] for r in hf_rows]
+    assert proc.stdout.count("engine ready") == 1  # one engine (its first rank reports)

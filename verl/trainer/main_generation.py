@@ -8,8 +8,11 @@ with the model's chat template, samples ``data.n_samples`` responses per prompt 
 
 Everything is checked before the model is loaded, and the output is written to a temporary file renamed into
 place at the end, so a failed run leaves no partial output. Config errors exit with code 2 and one message.
-One engine in this process does the whole batch (``trainer.n_gpus_per_node`` / ``nnodes`` are accepted for
-command-line compatibility with verl; on a CPU machine one engine already uses every core).
+One engine does the whole batch (``trainer.n_gpus_per_node`` / ``nnodes`` are accepted for command-line
+compatibility with verl; on a CPU machine one engine already uses every core). With
+``rollout.tensor_model_parallel_size=N > 1`` (``rollout.name=vllm``) that engine is tensor-parallel: N processes
+started here, each holding 1/N of every layer and the machine's cores shared among them, run the same batches in
+step; the first writes the output.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import socket
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -25,6 +30,8 @@ import hydra
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer, GenerationConfig
@@ -56,8 +63,6 @@ _NO_EFFECT = {
     "rollout.calculate_log_probs": "batch generation writes no log-probs",
     "rollout.mode": "batch generation uses the synchronous engine",
     "rollout.data_parallel_size": "one engine in this process does the whole batch",
-    "rollout.tensor_model_parallel_size": "batch generation runs one engine in this one process; use 1 "
-                                          "(tensor-parallel engines run inside main_ppo's workers)",
     "rollout.n": "the number of responses per prompt is data.n_samples",
     "rollout.engine_kwargs.sglang": "only rollout.name=vllm|hf are available here",
     "ray_init.num_cpus": "batch generation runs in this process, without Ray",
@@ -106,6 +111,12 @@ def validate_generation_config(config: DictConfig) -> dict[str, Any]:
     if rollout.name not in ROLLOUT_NAMES:
         raise ConfigError(f"rollout.name={rollout.name!r} is not available for batch generation; use one of "
                           f"{'|'.join(ROLLOUT_NAMES)}")
+    tp = rollout.tensor_model_parallel_size
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"rollout.tensor_model_parallel_size must be a positive integer, got {tp!r}")
+    if tp > 1 and rollout.name != "vllm":
+        raise ConfigError(f"rollout.tensor_model_parallel_size={tp} needs rollout.name=vllm (the hf engine has no "
+                          "tensor parallelism); set rollout.name=vllm or rollout.tensor_model_parallel_size=1")
     greedy = float(rollout.temperature) <= 0 or not bool(rollout.do_sample)
     if greedy and n_samples != 1:
         raise ConfigError(f"greedy decoding (rollout.temperature={rollout.temperature}, rollout.do_sample="
@@ -134,7 +145,7 @@ def validate_generation_config(config: DictConfig) -> dict[str, Any]:
             and not cpu_has_native_bf16():
         logger.warning("rollout.dtype=%s on a CPU without native bf16/fp16 is emulated and many times slower than "
                        "float32; consider rollout.dtype=float32", dtype)
-    return {"device": device, "n_samples": n_samples, "greedy": greedy}
+    return {"device": device, "n_samples": n_samples, "greedy": greedy, "tp": tp}
 
 
 def load_tokenizer(model_path: str):
@@ -214,20 +225,18 @@ def write_parquet_atomic(rows: list[dict], path: str) -> str:
     return path
 
 
-def run_generation(config: DictConfig) -> str:
-    """Validate, generate and write ``data.output_path``; returns its absolute path."""
-    OmegaConf.resolve(config)
-    plan = validate_generation_config(config)
-    if config.model.get("external_lib"):
-        importlib.import_module(str(config.model.external_lib))
+def _generate(config: DictConfig, plan: dict) -> tuple[list[dict], list[list[str]], int, float]:
+    """Load the prompts and the engine, generate every batch: ``(rows, responses per row, response tokens,
+    seconds generating)``."""
     model_path = os.path.expanduser(str(config.model.path))
     tokenizer = load_tokenizer(model_path)
     dataset, items = load_prompts(config, tokenizer)
     n, batch_size = plan["n_samples"], int(config.data.batch_size)
     start = time.perf_counter()
     rollout = build_rollout(config, tokenizer, plan["device"])
-    print(f"{config.rollout.name} engine ready in {time.perf_counter() - start:.1f} s; generating {n} response(s) "
-          f"for {len(items)} prompts", flush=True)
+    say = print if not dist.is_initialized() or dist.get_rank() == 0 else (lambda *a, **k: None)
+    say(f"{config.rollout.name} engine ready in {time.perf_counter() - start:.1f} s; generating {n} response(s) "
+        f"for {len(items)} prompts", flush=True)
     meta = {"eos_token_id": rollout.eos_token_id, "pad_token_id": rollout.pad_token_id,
             "do_sample": not plan["greedy"]}
     responses: list[list[str]] = []
@@ -244,12 +253,51 @@ def run_generation(config: DictConfig) -> str:
             raise RuntimeError(f"the {config.rollout.name} engine returned {len(texts)} responses for "
                                f"{len(batch)} prompts x n_samples={n}")
         responses.extend(texts[i * n:(i + 1) * n] for i in range(len(batch)))
-        print(f"generated {min(lo + batch_size, len(items))}/{len(items)} prompts", flush=True)
+        say(f"generated {min(lo + batch_size, len(items))}/{len(items)} prompts", flush=True)
     seconds = time.perf_counter() - start
     shutdown = getattr(rollout, "shutdown", None)
     if shutdown is not None:
         shutdown()
-    rows = [dict(row) for row in dataset.dataframe]
+    return [dict(row) for row in dataset.dataframe], responses, num_tokens, seconds
+
+
+def _tensor_parallel_rank(rank: int, tp: int, port: int, config_container: dict, plan: dict, result: str) -> None:
+    """One process of a tensor-parallel engine: every rank runs the same batches (the engine's ranks step
+    together); rank 0 saves what it generated for the parent to write."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(tp),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp) if plan["device"] == "cpu" else torch.get_num_threads())
+    dist.init_process_group("gloo" if plan["device"] == "cpu" else "nccl", rank=rank, world_size=tp)
+    try:
+        generated = _generate(OmegaConf.create(config_container), plan)
+        if rank == 0:
+            torch.save(generated, result)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_generation(config: DictConfig) -> str:
+    """Validate, generate and write ``data.output_path``; returns its absolute path."""
+    OmegaConf.resolve(config)
+    plan = validate_generation_config(config)
+    if config.model.get("external_lib"):
+        importlib.import_module(str(config.model.external_lib))
+    n = plan["n_samples"]
+    if plan["tp"] == 1:
+        rows, responses, num_tokens, seconds = _generate(config, plan)
+    else:
+        load_prompts(config, load_tokenizer(os.path.expanduser(str(config.model.path))))  # data errors named here
+        with tempfile.TemporaryDirectory(prefix="verl_generation_") as tmp:
+            result = os.path.join(tmp, "generated.pt")
+            mp.spawn(_tensor_parallel_rank, args=(plan["tp"], _free_port(), OmegaConf.to_container(config), plan,
+                                                  result), nprocs=plan["tp"], join=True)
+            rows, responses, num_tokens, seconds = torch.load(result, weights_only=False)
     for row, texts in zip(rows, responses):
         row["responses"] = texts
     path = write_parquet_atomic(rows, str(config.data.output_path))
