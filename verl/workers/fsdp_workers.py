@@ -43,7 +43,7 @@ from verl.utils.import_utils import import_user_modules
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
 from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
-from verl.workers.config import RolloutConfig
+from verl.workers.config.rollout import as_rollout_config
 from verl.workers.config_utils import (log_prob_micro_size, memory_metrics, per_device_micro_size, ppo_batch_sizes,
                                        read_only_config)
 from verl.workers.critic.dp_critic import DataParallelPPOCritic, typed_critic_config
@@ -94,10 +94,10 @@ def _has_images(prompts: DataProto) -> bool:
 def push_bucket_bytes(rollout_cfg) -> int:
     """Bytes of the actor's weights gathered per collective for a weight push: 0 (one parameter at a time) with
     ``rollout.layered_summon``, else ``rollout.update_weights_bucket_megabytes`` (schema defaults when unset)."""
-    if cfg_get(rollout_cfg, "layered_summon", RolloutConfig.layered_summon):
+    rollout_cfg = as_rollout_config(rollout_cfg)
+    if rollout_cfg.layered_summon:
         return 0
-    return int(float(cfg_get(rollout_cfg, "update_weights_bucket_megabytes",
-                             RolloutConfig.update_weights_bucket_megabytes)) * (1 << 20))
+    return int(float(rollout_cfg.update_weights_bucket_megabytes) * (1 << 20))
 
 class ActorRolloutRefWorker(Worker, DistProfilerExtension):
     """Policy roles in one process; see the module docstring for ``role``.
@@ -124,6 +124,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         # the typed sections this worker reads (verl.workers.config); the rollout engine gets the rollout section
         self.model_config = typed_section(self.config.get("model"), "actor_rollout_ref.model")
         self.actor_config = typed_actor_config(self.config.get("actor"))
+        self.rollout_config = as_rollout_config(self.config.get("rollout"))  # defaults for roles without one
         self._is_lora = self.model_config.lora_rank > 0
         # LoRA: the reference policy is the actor with its adapters switched off (no second model)
         self._ref_in_actor = self._is_lora and self._is_actor
@@ -139,7 +140,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         actor_cfg = self.config.get("actor")
         self.dp_size = _register_sp_dispatch(self, "actor", self.actor_config)  # ranks that hold different rows
         self.rollout_layout = self._declare_rollout_layout()
-        self.rollout_n = int(cfg_get(self.config.get("rollout"), "n", 1))
+        self.rollout_n = self.rollout_config.n
         self.actor_batch_sizes = None
         if self._is_actor:
             self.actor_batch_sizes = ppo_batch_sizes(actor_cfg, rollout_n=self.rollout_n, dp_size=self.dp_size,
@@ -165,9 +166,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         as the ``rollout`` dispatch mesh. Roles without a rollout count as engines of one rank."""
         tp = 1
         if self._is_rollout:
-            rollout_cfg = self.config.get("rollout")
-            tp = int(cfg_get(rollout_cfg, "tensor_model_parallel_size", 1) or 1)
-            check_rollout_parallel(name=str(cfg_get(rollout_cfg, "name", "hf")), tp=tp, workers=dist.get_world_size(),
+            tp = self.rollout_config.tensor_model_parallel_size
+            check_rollout_parallel(name=self.rollout_config.name, tp=tp, workers=dist.get_world_size(),
                                    model_path=None)
         layout = rollout_layout(dist.get_world_size(), dist.get_rank(), tp)
         self._register_dispatch_collect_info("rollout", dp_rank=layout.dp_rank, is_collect=layout.is_collect)
@@ -225,8 +225,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         return getattr(self.actor_engine, "module", None)
 
     def _build_rollout(self):
-        rollout_cfg = self.config.rollout
-        name = cfg_get(rollout_cfg, "name", "hf")
+        rollout_cfg = self.config.rollout  # a registered rollout class may read keys of its own from the section
+        name = self.rollout_config.name
         rollout_cls = get_rollout_class(name)
         engine = self.actor_engine
         self.rollout = rollout_cls(config=rollout_cfg, model_path=self._model_path(), tokenizer=self.tokenizer,
@@ -251,7 +251,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             push = self._push_mode(engine)
             stream = ((lambda _module: engine.iter_tp_shards(self.rollout.vocab_shard_range(), stats))
                       if push == "tp_pieces" else
-                      (lambda _module: engine.iter_full_params(stats, bucket_bytes=push_bucket_bytes(rollout_cfg))))
+                      (lambda _module: engine.iter_full_params(stats,
+                                                               bucket_bytes=push_bucket_bytes(self.rollout_config))))
             if dist.get_rank() == 0:
                 print(f"[rollout] weight push: {push} (training {type(engine).__name__}, tensor parallel "
                       f"{getattr(engine, 'tensor_parallel_size', 1)} -> rollout tensor parallel {layout.tp})",
@@ -259,8 +260,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             # LoRA actor + an engine that serves adapters (vLLM): base weights once, then the adapter only
             self.rollout_sharding_manager = FSDPRolloutShardingManager(
                 engine.module, self.rollout, device_mesh=self.device_mesh,
-                layered_summon=bool(cfg_get(rollout_cfg, "layered_summon", RolloutConfig.layered_summon)),
-                multi_stage_wake_up=bool(cfg_get(rollout_cfg, "multi_stage_wake_up", False)),
+                layered_summon=self.rollout_config.layered_summon,
+                multi_stage_wake_up=self.rollout_config.multi_stage_wake_up,
                 full_state_iter=stream, tp_pieces=push == "tp_pieces", stream_stats=stats,
                 base_state_iter=lambda module: engine.onloaded(iter_base_tensors(module)),
                 adapter_state_iter=lambda module: engine.onloaded(iter_lora_adapter_tensors(module)))
@@ -319,7 +320,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         """``rollout.mode=sync``: the engine's batch call. ``async`` (verl's default): the agent loop over the
         request-level API, one episode per sample, the loop chosen by the row's ``agent_name``. Prompts with
         images always take the batch call (the agent loop does not carry images)."""
-        if str(cfg_get(self.config.rollout, "mode", "async")) != "async" or _has_images(prompts):
+        if self.rollout_config.mode != "async" or _has_images(prompts):
             return self.rollout.generate_sequences(prompts=prompts)
         group, leader = self._engine_group
         if group is not None and not self.rollout_layout.is_collect:
@@ -348,7 +349,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         data.meta_info["micro_batch_size"] = spec.micro_batch_size
         data.meta_info["max_token_len"] = spec.max_token_len
         data.meta_info["use_dynamic_bsz"] = spec.use_dynamic_bsz
-        data.meta_info["temperature"] = float(cfg_get(self.config.get("rollout"), "temperature", 1.0))
+        data.meta_info["temperature"] = self.rollout_config.temperature
 
     @register(dispatch_mode=_ACTOR_DP)
     @DistProfiler.annotate(color="blue", role="actor_compute_log_prob")
@@ -382,7 +383,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         """One PPO update over ``data`` (mini-batches x ppo_epochs); returns ``meta_info["metrics"]``."""
         if not self._is_actor:
             raise RuntimeError(f"update_actor needs an actor role; this worker has role={self.role!r}")
-        data.meta_info.setdefault("temperature", float(cfg_get(self.config.get("rollout"), "temperature", 1.0)))
+        data.meta_info.setdefault("temperature", self.rollout_config.temperature)
         start = time.perf_counter()
         metrics = dict(self.actor.update_policy(data=data))
         metrics["perf/update_actor_s"] = time.perf_counter() - start
