@@ -1,5 +1,6 @@
 """all_gather_data_proto across two gloo processes: every rank ends with all rows, in rank order."""
 
+import gc
 import os
 import tempfile
 
@@ -12,6 +13,7 @@ from verl.protocol import DataProto, all_gather_data_proto
 
 
 def _worker(rank: int, init_file: str, result_dir: str):
+    gc.freeze()  # objects inherited from the parent are never finalized in this thread-less copy
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
@@ -28,6 +30,7 @@ def _worker(rank: int, init_file: str, result_dir: str):
 def test_all_gather_data_proto_two_ranks():
     with tempfile.TemporaryDirectory() as tmp:
         # fork: children reuse the already imported torch (spawn re-imports it, ~20 s per child on 2 cores)
+        gc.collect()
         mp.start_processes(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=2, join=True, start_method="fork")
         for rank in range(2):
             out = torch.load(os.path.join(tmp, f"{rank}.pt"))

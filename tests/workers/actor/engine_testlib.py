@@ -5,6 +5,7 @@ Other engine test folders import this file after putting this folder on sys.path
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import traceback
@@ -95,6 +96,10 @@ def free_port() -> int:
 
 
 def _entry(rank, world_size, port, fn, args, err_dir):
+    # everything inherited from the parent stays uncollected here: a process group (or any object owning
+    # threads) that the parent left for its garbage collector would be finalized in this child, whose copy has
+    # no threads, and ProcessGroupGloo's destructor would wait forever to join them
+    gc.freeze()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank), HF_HUB_OFFLINE="1", VERL_DEVICE="cpu")
     torch.set_num_threads(1)
@@ -114,6 +119,7 @@ def run_distributed(fn, world_size: int, *args, err_dir: str = "/tmp"):
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` forked processes joined by a gloo group."""
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401  (imported once, inherited by the forks)
 
+    gc.collect()  # objects earlier tests left for the collector are finalized here, where their threads exist
     try:
         # fork: children inherit the already-imported torch / transformers (a fresh interpreter per rank costs
         # 20+ s of imports on a busy 2-core machine)
