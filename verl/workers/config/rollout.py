@@ -53,14 +53,8 @@ class PrometheusConfig(schema.PrometheusConfig, CheckedSection):
 
 
 @dataclass(frozen=True)
-class ServerConfig(CheckedSection):
-    """verl's SGLang server-mode client settings (accepted at their defaults)."""
-
-    timeout: float = key(60.0, "seconds per request", gt=0, unsupported=IN_WORKER)
-    max_attempts: int = key(3, "attempts per request", ge=1, unsupported=IN_WORKER)
-    retry_delay: float = key(2.0, "seconds between attempts", ge=0, unsupported=IN_WORKER)
-    max_connections: int = key(1000, "concurrent connections", ge=1, unsupported=IN_WORKER)
-    max_start_wait_time: float = key(300.0, "seconds to wait for the server to start", gt=0, unsupported=IN_WORKER)
+class ServerConfig(schema.ServerConfig, CheckedSection):
+    """verl's SGLang server-mode client settings (``rollout.server``): accepted at any value, no effect here."""
 
 
 @dataclass(frozen=True)
