@@ -143,7 +143,8 @@ def run_module(module: str, run_dir: Path, args: list[str]) -> dict[int, dict]:
 
 def ppo_args(quickstart, run_dir: Path, actor_lr: str, seed: int = 1) -> list[str]:
     """PPO with a critic from the quickstart's SFT model (actor and critic body), the GRPO stage's prompts per step
-    and samples per prompt; 10 critic-only steps first; greedy validation before training and at the end."""
+    and samples per prompt; 9 critic-only steps first (trainer.critic_warmup=10); greedy validation before training
+    and at the end."""
     out, _ = quickstart
     sft_model = out / "sft" / f"global_step_{SFT_STEPS}" / "huggingface"
     ar = "actor_rollout_ref"
@@ -165,13 +166,14 @@ def ppo_args(quickstart, run_dir: Path, actor_lr: str, seed: int = 1) -> list[st
 @pytest.mark.e2e
 def test_ppo_with_a_critic_raises_greedy_accuracy(quickstart, tmp_path):
     """``python -m verl.trainer.main_ppo algorithm.adv_estimator=gae`` from the SFT model: the critic alone trains
-    for the first 10 steps (no actor update, so no policy-gradient metrics), then both; after PPO_STEPS greedy
+    for steps 1-9 (no actor update, so no policy-gradient metrics), then both; after PPO_STEPS greedy
     validation accuracy on the held-out prompts is above the SFT model's by more than the seed-to-seed spread
     explains."""
     metrics = run_module("verl.trainer.main_ppo", tmp_path, ppo_args(quickstart, tmp_path, "2e-4"))
     val = "val-core/arithmetic/reward/mean@1"
-    assert all("actor/pg_loss" not in metrics[step] and "critic/vf_loss" in metrics[step] for step in range(1, 11))
-    assert "actor/pg_loss" in metrics[11] and metrics[PPO_STEPS]["critic/vf_explained_var"] > 0
+    # trainer.critic_warmup=10: the actor first updates at global step 10 (verl: critic_warmup <= global_steps)
+    assert all("actor/pg_loss" not in metrics[step] and "critic/vf_loss" in metrics[step] for step in range(1, 10))
+    assert "actor/pg_loss" in metrics[10] and metrics[PPO_STEPS]["critic/vf_explained_var"] > 0
     before, after = metrics[0][val], metrics[PPO_STEPS][val]
     if ROLLOUT != "vllm":
         return  # the threshold was measured with the vLLM rollout (sampling differs from HF generate)
