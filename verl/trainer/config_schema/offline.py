@@ -80,9 +80,8 @@ class GenRollout(Section):
     free_cache_engine: bool = key(True, "release the KV cache between calls", read_in=(VLLM,))
     load_format: str = key("dummy_dtensor", "dummy*: the engine loads model.path (there is no actor to push weights)",
                            read_in=(GEN, VLLM))
-    tensor_model_parallel_size: int = key(1, "vLLM tensor parallel size", ge=1,
-                                          unsupported="batch generation runs one engine in this one process; use 1 "
-                                                      "(tensor-parallel engines run inside main_ppo's workers)")
+    tensor_model_parallel_size: int = key(1, "vLLM tensor parallel size (>1: one engine over that many processes "
+                                             "started by main_generation)", ge=1, read_in=(GEN, VLLM))
     data_parallel_size: int = key(1, "engine data parallel size", ge=1,
                                   unsupported="one engine in this process does the whole batch")
     max_num_batched_tokens: int = key(8192, "vLLM scheduler token budget", ge=1, read_in=(VLLM,))
