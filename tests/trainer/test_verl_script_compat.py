@@ -104,6 +104,10 @@ def test_accepted_as_verl_accepts_them(assets):
     cfg = driver_check(assets, "data.filter_overlong_prompts=True", "data.filter_overlong_prompts_workers=8")
     assert cfg.data.filter_overlong_prompts_workers == 8
     assert cfg.data.tool_config_path is None  # follows the multi-turn tool config (unset here)
+    # verl's code-reward server settings (docs/custom_reward.md)
+    cfg = driver_check(assets, "reward_model.sandbox_fusion.url=http://localhost:8080/run_code",
+                       "reward_model.sandbox_fusion.max_concurrent=8")
+    assert cfg.reward_model.sandbox_fusion.max_concurrent == 8
 
 
 def test_data_tool_config_path_follows_multi_turn_and_a_bad_file_is_named(assets, capsys):
@@ -120,7 +124,6 @@ def test_data_tool_config_path_follows_multi_turn_and_a_bad_file_is_named(assets
     ("actor_rollout_ref.rollout.quantization=fp8", "quantized rollout is not available"),
     ("actor_rollout_ref.rollout.trace.backend=mlflow", "rollout tracing is not available"),
     ("actor_rollout_ref.rollout.trace.token2text=True", "rollout tracing is not available"),
-    ("reward_model.sandbox_fusion.url=http://localhost:8080/run_code", "Sandbox Fusion"),
     ("+data.gen_batch_size=16", "differs from data.train_batch_size=8"),
     ("+algorithm.filter_groups.enable=True", "runs in the DAPO recipe"),
 ])
