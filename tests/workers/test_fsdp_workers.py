@@ -40,6 +40,7 @@ def actor_rollout_ref_config(model_dir):
         "ref": {"log_prob_micro_batch_size_per_gpu": 4, "use_torch_compile": False,
                 "fsdp_config": {"model_dtype": "fp32", "dtype": "fp32"}},
         "rollout": {"name": "hf", "n": N_SAMPLES, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "do_sample": True,
+                    "tensor_model_parallel_size": 1,  # verl's default is 2 (the schema's); HF generate has no TP
                     "response_length": RESP_LEN, "prompt_length": 16, "dtype": "float32",
                     "log_prob_micro_batch_size_per_gpu": 4,
                     "val_kwargs": {"n": 1, "temperature": 0, "top_p": 1.0, "top_k": -1, "do_sample": False}},
