@@ -135,31 +135,16 @@ def _result(out: bytes, err: bytes, returncode: int, timed_out: bool, workdir: s
 
 async def run_python(code: str, timeout: float = 10.0, memory_limit_mb: int = 512, max_output_chars: int = 4096,
                      isolate_network: bool = True, stdin: Optional[str] = None) -> dict[str, Any]:
-    """Run ``code`` in the sandbox (``stdin``: its standard input, else none); returns ``{stdout, stderr,
-    returncode, timed_out, sandbox_dir}`` (the directory no longer exists when this returns)."""
-    workdir, cmd, env = _prepare(code, isolate_network)
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, cwd=workdir, env=env,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-            preexec_fn=_limits(memory_limit_mb, int(timeout) + 1))
-        data = stdin.encode() if stdin is not None else None
-        timed_out = False
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(data), timeout=timeout)
-        except asyncio.TimeoutError:
-            timed_out = True
-            _kill_group(proc.pid)
-            out, err = await proc.communicate()
-        return _result(out, err, proc.returncode, timed_out, workdir, max_output_chars)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    """Run ``code`` in the sandbox (``stdin``: its standard input, else none) without blocking the event loop;
+    returns ``{stdout, stderr, returncode, timed_out, sandbox_dir}`` (the directory no longer exists when this
+    returns)."""
+    return await asyncio.to_thread(run_python_sync, code, timeout, memory_limit_mb, max_output_chars,
+                                   isolate_network, stdin)
 
 
 def run_python_sync(code: str, timeout: float = 10.0, memory_limit_mb: int = 512, max_output_chars: int = 4096,
                     isolate_network: bool = True, stdin: Optional[str] = None) -> dict[str, Any]:
-    """:func:`run_python` for callers without an event loop (the reward scorers)."""
+    """Run ``code`` in the sandbox; see :func:`run_python` (its form for an event loop)."""
     workdir, cmd, env = _prepare(code, isolate_network)
     try:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env,
