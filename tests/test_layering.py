@@ -29,7 +29,10 @@ ALGORITHMS = {"verl.trainer.ppo.core_algos", "verl.trainer.ppo.advantage", "verl
 # typed config classes of verl.workers.config are built on them. They import only utils, each other and the
 # engine / rollout registries (so registered names are valid values).
 SCHEMA_SECTIONS = {f"verl.trainer.config_schema.{m}" for m in
-                   ("spec", "places", "engine", "actor", "critic", "rollout", "profiler", "ppo")}
+                   ("spec", "places", "engine", "actor", "critic", "rollout", "profiler", "ppo", "sft")}
+# verl's public home of the datasets is under utils, but they read the typed data config (verl.workers.config.data):
+# the package sits in the workers' layer, so nothing else in utils may import it.
+WORKER_UTILS = {"verl.utils.dataset"}
 # verl's public home of the profiler is under utils, but its worker mixin (DistProfilerExtension) registers
 # start_profile / stop_profile as worker-group methods: the package (and verl.utils.debug, verl's older name for
 # it) sits in the single controller's layer, so nothing else in utils may import it.
@@ -121,7 +124,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(mod: str) -> int | None:
-    if any(mod == a or mod.startswith(a + ".") for a in ALGORITHMS) or mod in SCHEMA_SECTIONS:
+    if any(mod == a or mod.startswith(a + ".") for a in ALGORITHMS | WORKER_UTILS) or mod in SCHEMA_SECTIONS:
         return LAYERS["verl.workers"]
     if any(mod == a or mod.startswith(a + ".") for a in SINGLE_CONTROLLER_UTILS):
         return LAYERS["verl.single_controller"]

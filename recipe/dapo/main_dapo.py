@@ -8,53 +8,37 @@ worker starts.
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from recipe.dapo.dynamic_sampling import check_filter_groups
 from verl.trainer.check_config import check_config_if_asked, compose_cli, raise_config_error
 from verl.trainer.config_schema import validate_ppo_config
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.spec import build
 from verl.trainer.host_defaults import resolve_host_defaults
 from verl.trainer.main_ppo import config_error_exit, precheck_cli, run_ppo
 from verl.utils.config import ConfigError, quiet_searchpath_warning
+from verl.workers.reward_manager.dapo import overlong_buffer_config
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
-OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_overlong_buffer(key: str, cfg, max_response_length: int, reward_manager: str) -> None:
-    """``reward_model.overlong_buffer`` (or verl's ``reward_model.reward_kwargs.overlong_buffer_cfg``)."""
+    """``reward_model.overlong_buffer`` (or verl's ``reward_model.reward_kwargs.overlong_buffer_cfg``): its keys,
+    types and ranges (the reward manager's typed config), then what an enabled buffer needs."""
     if cfg is None:
         return
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{key} must be a mapping with keys {', '.join(OVERLONG_KEYS)}; got {cfg!r}")
-    for name in cfg:
-        if name not in OVERLONG_KEYS:
-            close = difflib.get_close_matches(str(name), OVERLONG_KEYS, n=1)
-            hint = f" (did you mean '{key}.{close[0]}'?)" if close else f"; known: {', '.join(OVERLONG_KEYS)}"
-            raise ConfigError(f"unknown config key '{key}.{name}'{hint}")
-    length, factor = cfg.get("len", 0), cfg.get("penalty_factor", 0.0)
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise ConfigError(f"{key}.len={length!r} must be an integer >= 0 (tokens before data.max_response_length "
-                          "where the penalty ramps up)")
-    if not _number(factor) or factor < 0:
-        raise ConfigError(f"{key}.penalty_factor={factor!r} must be a number >= 0 (the penalty at the full length)")
-    for flag in ("enable", "log"):
-        if not isinstance(cfg.get(flag, False), bool):
-            raise ConfigError(f"{key}.{flag}={cfg.get(flag)!r} must be true or false")
-    if not cfg.get("enable", False):
+    buffer = overlong_buffer_config(cfg, key)
+    if not buffer.enable:
         return
-    if length == 0 or length > max_response_length:
+    if buffer.len == 0 or buffer.len > max_response_length:
         raise ConfigError(f"{key}.enable=True needs 0 < {key}.len <= data.max_response_length "
-                          f"({max_response_length}); got len={length}")
+                          f"({max_response_length}); got len={buffer.len}")
     if reward_manager != "dapo":
         raise ConfigError(f"{key}.enable=True: the overlong penalty is applied by the dapo reward manager, but "
                           f"reward_model.reward_manager={reward_manager!r}; set reward_model.reward_manager=dapo")
@@ -63,11 +47,17 @@ def check_overlong_buffer(key: str, cfg, max_response_length: int, reward_manage
 def check_dapo_config(config: DictConfig) -> None:
     """DAPO's rules, before anything starts: ``data.gen_batch_size``, ``algorithm.filter_groups``, the overlong
     buffer. Raises :class:`ConfigError` naming the key."""
-    train_bsz = OmegaConf.select(config, "data.train_batch_size")
-    gen_bsz = OmegaConf.select(config, "data.gen_batch_size", default=None)
-    gen_bsz = train_bsz if gen_bsz is None else gen_bsz
-    filter_cfg = OmegaConf.select(config, "algorithm.filter_groups", default=None) or {}
-    enabled = filter_cfg.get("enable", False)
+    # the composed config as typed sections (keys it leaves out take the schema's defaults); the PPO validator
+    # checks the rest of it after these rules
+    try:
+        typed = build(PPOTrainerConfig, config)
+    except OmegaConfBaseException as e:  # a broken interpolation such as ${trainer.nonexistent}
+        raise ConfigError(f"config interpolation failed: {e}") from None
+    data, algorithm, reward_model = typed.data, typed.algorithm, typed.reward_model
+    train_bsz = data.train_batch_size
+    gen_bsz = train_bsz if data.gen_batch_size is None else data.gen_batch_size
+    filter_groups = algorithm.filter_groups
+    enabled = filter_groups.enable
     if not isinstance(enabled, bool):
         raise ConfigError(f"algorithm.filter_groups.enable={enabled!r} must be true or false")
     if isinstance(gen_bsz, bool) or not isinstance(gen_bsz, int) or gen_bsz < 1:
@@ -81,23 +71,17 @@ def check_dapo_config(config: DictConfig) -> None:
                           "algorithm.filter_groups.enable=False: without dynamic sampling every generated prompt is "
                           "trained on; set data.gen_batch_size to data.train_batch_size or enable filter_groups")
     if enabled:
-        check_filter_groups(filter_cfg.get("metric", None), filter_cfg.get("max_num_gen_batches", 0),
-                            int(OmegaConf.select(config, "actor_rollout_ref.rollout.n")),
-                            bool(OmegaConf.select(config, "algorithm.use_kl_in_reward", default=False)))
+        check_filter_groups(filter_groups.metric, filter_groups.max_num_gen_batches,
+                            int(typed.actor_rollout_ref.rollout.n), bool(algorithm.use_kl_in_reward))
 
-    max_len = int(OmegaConf.select(config, "data.max_response_length"))
-    manager = OmegaConf.select(config, "reward_model.reward_manager", default="naive")
-    kwargs_cfg = OmegaConf.select(config, "reward_model.reward_kwargs.overlong_buffer_cfg", default=None)
+    max_len = int(data.max_response_length)
+    kwargs_cfg = reward_model.reward_kwargs.get("overlong_buffer_cfg")
     if kwargs_cfg is not None:  # verl's main_ppo spelling; it wins over reward_model.overlong_buffer
-        check_overlong_buffer("reward_model.reward_kwargs.overlong_buffer_cfg", _plain(kwargs_cfg), max_len, manager)
+        check_overlong_buffer("reward_model.reward_kwargs.overlong_buffer_cfg", kwargs_cfg, max_len,
+                              reward_model.reward_manager)
     else:
-        check_overlong_buffer("reward_model.overlong_buffer",
-                              _plain(OmegaConf.select(config, "reward_model.overlong_buffer", default=None)),
-                              max_len, manager)
-
-
-def _plain(node):
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        check_overlong_buffer("reward_model.overlong_buffer", reward_model.overlong_buffer, max_len,
+                              reward_model.reward_manager)
 
 
 @hydra.main(config_path="config", config_name="dapo_trainer", version_base=None)

@@ -53,7 +53,7 @@ def test_fsdp2_actor_fp32_on_cuda_matches_hf_and_updates(nccl_world, mode, monke
 
     from verl.protocol import DataProto
     from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, get_full_state_dict
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -64,9 +64,9 @@ def test_fsdp2_actor_fp32_on_cuda_matches_hf_and_updates(nccl_world, mode, monke
     cfg = actor_config(use_remove_padding=True, log_prob_micro_batch_size_per_gpu=3, ppo_mini_batch_size=8,
                        ppo_micro_batch_size_per_gpu=4)
     model = tiny_model(seed=1)
-    apply_fsdp2(model, cfg.fsdp_config)
+    apply_fsdp2(model, typed_actor_config(cfg).fsdp_config)
     assert next(model.parameters()).device.type == "cuda"
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     data = DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 0.7})  # a CPU batch, as workers get
     lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
     assert lp.device.type == "cpu" and ent.device.type == "cpu"
@@ -85,7 +85,7 @@ def test_fsdp2_actor_bf16_mixed_precision_on_cuda(nccl_world):
 
     from verl.protocol import DataProto
     from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
 
     b = make_batch(8, 7, 5, seed=5)
     ref_lp, _ = _reference(tiny_model(seed=2), b, 1.0)
@@ -93,8 +93,8 @@ def test_fsdp2_actor_bf16_mixed_precision_on_cuda(nccl_world):
     cfg = actor_config(log_prob_micro_batch_size_per_gpu=8, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8,
                        fsdp_config=dict(dtype="bfloat16", model_dtype="fp32"))
     model = tiny_model(seed=2)
-    apply_fsdp2(model, cfg.fsdp_config)
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    apply_fsdp2(model, typed_actor_config(cfg).fsdp_config)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     lp, _ = actor.compute_log_prob(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 1.0}))
     err = (lp - ref_lp)[mask].abs().max().item()
     assert 0 < err < 0.1, err  # bf16 rounding: not exact, not a wrong token
@@ -143,7 +143,7 @@ def test_hybrid_engine_push_into_hf_rollout_on_cuda(nccl_world, tmp_path):
     from verl.protocol import DataProto
     from verl.utils.embedded import make_model_dir
     from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
     from verl.workers.rollout.hf_rollout import HFRollout
     from verl.workers.sharding_manager import FSDPRolloutShardingManager
 
@@ -155,8 +155,9 @@ def test_hybrid_engine_push_into_hf_rollout_on_cuda(nccl_world, tmp_path):
     rollout = HFRollout(cfg, model_dir, device="cuda")
     actor_module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     acfg = actor_config(log_prob_micro_batch_size_per_gpu=16, ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=8)
-    apply_fsdp2(actor_module, acfg.fsdp_config)
-    actor = DataParallelPPOActor(acfg, actor_module, build_optimizer(actor_module.parameters(), acfg.optim))
+    apply_fsdp2(actor_module, typed_actor_config(acfg).fsdp_config)
+    optimizer = build_optimizer(actor_module.parameters(), typed_actor_config(acfg).optim)
+    actor = DataParallelPPOActor(acfg, actor_module, optimizer)
     manager = FSDPRolloutShardingManager(actor_module, rollout)
 
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -61,13 +61,15 @@ def _run(engine):
 def _megatron(model_dir, dtype):
     from engine_testlib import actor_config
 
+    from verl.workers.actor.dp_actor import typed_actor_config
     from verl.workers.engine import get_engine_cls
     from verl.workers.engine.config import EngineConfig
 
     cfg = EngineConfig(model_path=model_dir, name=f"actor_{dtype}", strategy="megatron",
                        megatron={"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                                  "dtype": dtype},
-                       optim=dict(actor_config(optim={"lr": LR}).optim), grad_clip=1.0, total_training_steps=10)
+                       optim=typed_actor_config(actor_config(optim={"lr": LR})).optim, grad_clip=1.0,
+                       total_training_steps=10)
     engine = get_engine_cls("megatron").build(cfg)
     assert engine.device.type == "cuda"
     return engine
@@ -84,7 +86,7 @@ def _fsdp(model_dir):
     cfg = actor_config(optim={"lr": LR})
     module = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine_cfg = actor_engine_config({"model": {"path": model_dir}, "actor": cfg})
-    apply_fsdp2(module, cfg.fsdp_config)
+    apply_fsdp2(module, engine_cfg.fsdp)
     assert next(module.parameters()).device.type == "cuda"
     optimizer = build_optimizer(module.parameters(), engine_cfg.optim)
     return FSDPEngine(module, optimizer, build_lr_scheduler(optimizer, engine_cfg.optim, 10), grad_clip=1.0)

@@ -24,10 +24,12 @@ def test_missing_local_dir_is_a_clear_error(tmp_path, capsys):
 def test_merge_single_process_checkpoint(tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from verl.trainer.config_schema.engine import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
     model = tiny_model(seed=8, tie=False)
-    FSDPCheckpointManager(model, None, None, None, checkpoint_config={"save_contents": ["model"]}).save_checkpoint(
+    checkpoint = CheckpointConfig(save_contents=["model"])
+    FSDPCheckpointManager(model, None, None, None, checkpoint_config=checkpoint).save_checkpoint(
         local_path=str(tmp_path / "global_step_1" / "actor"), global_step=1)
     out = tmp_path / "hf"
     assert main(["merge", "--backend", "fsdp", "--local_dir", str(tmp_path / "global_step_1" / "actor"),

@@ -4,6 +4,7 @@ validation reports the same numbers the workers will use."""
 from __future__ import annotations
 
 import dataclasses
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 
 from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import validate_ppo_config
+from verl.trainer.config_schema.validate import typed_ppo_config
 from verl.utils.batch_sizes import NormalizedBatchSizes, normalized_batch_sizes
 from verl.utils.config import ConfigError
 
@@ -99,3 +101,19 @@ def test_the_driver_plan_carries_the_per_rank_sizes(assets):
     section = OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True)
     assert actor == normalized_batch_sizes(section, rollout_n=4, dp_size=2, prefix="actor_rollout_ref.actor.")
     assert plan.batch_sizes["ref"].log_prob_micro_batch_size_per_gpu == 2
+
+
+def test_typed_sections_give_the_sizes_of_the_config_as_written(assets):
+    """A role's typed section (what workers and the driver hold) and its DictConfig give the same sizes; a key the
+    role's section does not have (the rollout's ppo_*, the actor's forward_*) reads as unset."""
+    cfg = ppo(assets, "actor_rollout_ref.rollout.n=4", "critic.ppo_micro_batch_size_per_gpu=2",
+              "reward_model.micro_batch_size_per_gpu=2")
+    typed = typed_ppo_config(cfg)
+    for prefix in ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref", "critic",
+                   "reward_model"):
+        sizes = normalized_batch_sizes(attrgetter(prefix)(typed), rollout_n=4, dp_size=2, prefix=prefix + ".")
+        assert sizes == normalized_batch_sizes(OmegaConf.select(cfg, prefix), rollout_n=4, dp_size=2,
+                                               prefix=prefix + "."), prefix
+    rollout = normalized_batch_sizes(typed.actor_rollout_ref.rollout, rollout_n=4, dp_size=2)
+    assert rollout.ppo_mini_batch_size is None and rollout.log_prob_micro_batch_size_per_gpu == 2
+    assert normalized_batch_sizes(typed.critic, rollout_n=4, dp_size=2).forward_micro_batch_size_per_gpu == 2

@@ -144,13 +144,16 @@ def test_external_lib_that_cannot_be_imported_is_a_config_error_naming_the_key(a
 def test_custom_engine_runs_in_the_worker_classes_its_registration_names(user_lib):
     from omegaconf import OmegaConf
 
+    from verl.trainer.config_schema.ppo import PPOTrainerConfig
+    from verl.trainer.config_schema.spec import build
     from verl.trainer.task_runner import worker_classes
     from verl.workers import fsdp_workers, megatron_workers
 
     __import__(user_lib)
 
     def actor_cls(strategy):
-        return worker_classes(OmegaConf.create({"trainer": {}, AR: {"actor": {"strategy": strategy}}}))[0]
+        config = OmegaConf.create({"trainer": {}, AR: {"actor": {"strategy": strategy}}})
+        return worker_classes(build(PPOTrainerConfig, config))[0]
 
     assert actor_cls("unit_strategy") is fsdp_workers.ActorRolloutRefWorker  # the default: FSDP-style workers
     assert actor_cls("unit_megatron_layout") is megatron_workers.ActorRolloutRefWorker

@@ -238,6 +238,30 @@ def test_cpu_has_native_bf16_matches_cpu_flags(monkeypatch):
     assert cpu_has_native_bf16() == expected
 
 
+def test_plan_config_has_the_hf_rollout_size_the_check_applies(assets):
+    """verl's rollout default (tensor_model_parallel_size=2) becomes 1 for hf; the plan's typed config agrees
+    with the config the check changed."""
+    overrides = [o for o in good_overrides(assets) if not o.startswith("actor_rollout_ref.rollout.tensor_model")]
+    cfg = composed(overrides)
+    plan = validate_ppo_config(cfg, check_files=False)
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+    assert plan.config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+
+
+def test_megatron_check_reads_the_typed_view_it_is_given():
+    """The Megatron check reads the typed view it is passed (the validator builds one), not the raw config."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.config_schema.megatron import check_megatron_config
+    from verl.trainer.config_schema.validate import typed_ppo_config
+
+    raw = OmegaConf.create({"critic": {"strategy": "fsdp", "megatron": {"tensor_model_parallel_size": 2}}})
+    with pytest.raises(ConfigError, match=r"critic\.megatron\.tensor_model_parallel_size=2 applies to "
+                                          r"strategy=megatron only, but critic\.strategy='fsdp'"):
+        check_megatron_config(raw, check_files=False)
+    check_megatron_config(raw, check_files=False, typed=typed_ppo_config(OmegaConf.create({})))
+
+
 def test_share_prompt_prefix_is_an_fsdp_path(assets):
     overrides = good_overrides(assets) + ["actor_rollout_ref.actor.strategy=megatron",
                                           "actor_rollout_ref.model.share_prompt_prefix=true"]

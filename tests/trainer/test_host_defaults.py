@@ -239,3 +239,36 @@ def test_an_enabled_reward_model_without_a_micro_batch_scores_in_log_prob_micro_
         before = _select(cfg, "reward_model.micro_batch_size_per_gpu")
         resolve_host_defaults(cfg, set(), defaults)
         assert _select(cfg, "reward_model.micro_batch_size_per_gpu") == before, kept
+
+
+def test_a_key_that_follows_another_changes_with_it(monkeypatch, defaults):
+    """A key written as ${...} of another is left to follow it: when the source changes it follows, and when the
+    user set the source it keeps the user's value (no entry of its own in the block)."""
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(host_defaults, "cpu_has_native_bf16", lambda: False)
+    actor, ref = COMPUTE_DTYPE_KEYS[0], COMPUTE_DTYPE_KEYS[1]
+    cfg = _compose(["trainer.device=cpu"])
+    OmegaConf.update(cfg, ref, "${" + actor + "}")
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, actor) == "fp32" and _select(cfg, ref) == "fp32"
+    assert OmegaConf.is_interpolation(cfg.actor_rollout_ref.ref.fsdp_config, "dtype")
+    assert [c[0] for c in choices.changed].count(ref) == 0 and ref not in [k for k, _, _ in choices.kept]
+    cfg = _compose(["trainer.device=cpu", f"{actor}=bfloat16"])
+    OmegaConf.update(cfg, ref, "${" + actor + "}")
+    choices = resolve_host_defaults(cfg, {actor}, defaults)
+    assert _select(cfg, ref) == "bfloat16" and [k for k, _, _ in choices.kept].count(ref) == 0
+
+
+def test_a_key_the_config_does_not_carry_is_not_added(defaults):
+    """A recipe's yaml without a key (here the critic's compile switch): the host-aware values go to the keys it
+    has, none is added."""
+    from omegaconf import open_dict
+
+    cfg = _compose(["trainer.device=cpu"])
+    with open_dict(cfg):
+        del cfg.critic.model.fsdp_config["use_torch_compile"]
+    changes = host_defaults.resolve_torch_compile(cfg, "cpu", set(), defaults)
+    assert "use_torch_compile" not in cfg.critic.model.fsdp_config
+    assert {key for key, *_ in changes} == set(host_defaults.COMPILE_KEYS) - {
+        "actor_rollout_ref.ref.use_torch_compile", "critic.model.fsdp_config.use_torch_compile"}

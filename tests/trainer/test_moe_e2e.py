@@ -28,6 +28,7 @@ from verl.protocol import DataProto  # noqa: E402
 from verl.utils.embedded.moe import build_moe_model, make_moe_model_dir  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2, iter_full_state_dict  # noqa: E402
 from verl.utils.hf_experts import unfuse_expert_weights  # noqa: E402
+from verl.workers.config import FSDPEngineConfig  # noqa: E402
 from verl.workers.engine import FSDPEngine, MicroBatchSpec, TrainSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def _fsdp_worker(rank, world, out_dir):
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    model = apply_fsdp2(build_moe_model(seed=3), {"reshard_after_forward": True})
+    model = apply_fsdp2(build_moe_model(seed=3), FSDPEngineConfig(dtype="fp32", reshard_after_forward=True))
     experts = model.model.layers[0].mlp.experts.gate_up_proj
     assert isinstance(experts, DTensor), type(experts)
     local = experts.to_local()

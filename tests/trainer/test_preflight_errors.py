@@ -20,9 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
 
 from tests.trainer.validator_assets import add_tokenizer_file
 from verl.trainer.config_schema.preflight import check_run_files
+from verl.trainer.config_schema.validate import typed_ppo_config
 from verl.utils.config import ConfigError
 from verl.utils.embedded.arithmetic import make_rl_rows
 
@@ -205,6 +207,21 @@ def test_reward_function_name_not_in_its_file(a, tmp_path):
     assert "cannot be loaded: invalid syntax" in problem(a, f"custom_reward_function.path={reward}")
     reward.write_text("from my_scorers import *\n")  # names a reading cannot see: left to the import
     check(a, f"custom_reward_function.path={reward}")
+
+
+def test_a_key_the_config_leaves_out_has_the_schema_default(a):
+    """The checks read the config's typed view: without data.shuffle the schema's default (shuffle) picks the rows
+    data.train_max_samples keeps, as the dataset will; the view the validator built is read as passed."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=base(a) + [
+            f"data.train_files={a['no_gt']}", "data.train_max_samples=5", "data.shuffle=False"])
+    as_composed = typed_ppo_config(cfg)
+    check_run_files(cfg, use_critic=False)  # the first 5 rows, all with a ground truth
+    with open_dict(cfg):
+        del cfg.data["shuffle"]
+    with pytest.raises(ConfigError, match=r"data.train_files: row \d+ of .* has no reward_model.ground_truth"):
+        check_run_files(cfg, use_critic=False)
+    check_run_files(cfg, use_critic=False, typed=as_composed)
 
 
 # ------------------------------------------------------------------------------ end to end, before Ray starts

@@ -55,7 +55,7 @@ def _trainer(engine, dp_group=None) -> FSDPSFTTrainer:
 
 def _sp_worker(rank, world, out_dir):
     groups = init_ulysses_groups(2)
-    model = apply_fsdp2(_model(), {"reshard_after_forward": True})
+    model = apply_fsdp2(_model())  # float64: plain fully_shard (reshards after forward), no dtype cast
     engine = FSDPEngine(model, torch.optim.SGD(model.parameters(), lr=LR), use_remove_padding=True, ulysses=groups)
     share = ROWS // groups.dp_size  # data-parallel group g holds rows [g*share, (g+1)*share)
     rows = {k: v[groups.dp_rank * share:(groups.dp_rank + 1) * share] for k, v in _rows().items()}

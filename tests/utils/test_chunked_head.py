@@ -110,7 +110,7 @@ def _fsdp_fused_vs_plain(rank, world_size):
     micro = make_batch(bsz=4, seed=10 + rank)  # each rank its own rows, as data parallel
     results = []
     for chunk in (0, 5):
-        model = apply_fsdp2(tiny_model(seed=3).double(), {}, None)
+        model = apply_fsdp2(tiny_model(seed=3).double())  # float64: no dtype cast
         entropy, log_probs = forward_log_probs(model, micro, 1.0, True, True, True, chunk)
         mask = micro["response_mask"].bool()
         log_probs[mask].sum().backward()

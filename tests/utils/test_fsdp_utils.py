@@ -14,6 +14,7 @@ from engine_testlib import make_batch, make_model_dir, run_distributed, tiny_mod
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer, clip_grad_norm_  # noqa: E402
 from verl.utils.model import check_model_dir, load_causal_lm, load_reward_model, load_value_model  # noqa: E402
 from verl.utils.padding import pack_batch, pad_input, unpad_input  # noqa: E402
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +56,18 @@ def test_missing_model_dir_errors(tmp_path):
 
 def test_optimizer_and_schedules():
     p = torch.nn.Parameter(torch.ones(3))
-    opt = build_optimizer([p], {"lr": 0.1, "betas": [0.8, 0.9], "weight_decay": 0.0})
+    opt = build_optimizer([p], FSDPOptimizerConfig(lr=0.1, betas=[0.8, 0.9], weight_decay=0.0))
     assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["betas"] == (0.8, 0.9)
-    sched = build_lr_scheduler(opt, {"lr_warmup_steps_ratio": 0.2, "lr_scheduler_type": "constant"}, total_steps=10)
+    sched = build_lr_scheduler(opt, FSDPOptimizerConfig(lr_warmup_steps_ratio=0.2, lr_scheduler_type="constant"),
+                               total_steps=10)
     lrs = []
     for _ in range(4):
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     assert lrs == pytest.approx([0.0, 0.05, 0.1, 0.1])
-    opt = build_optimizer([p], {"lr": 1.0})
-    sched = build_lr_scheduler(opt, {"lr_warmup_steps": 2, "warmup_style": "cosine", "min_lr_ratio": 0.1}, 12)
+    opt = build_optimizer([p], FSDPOptimizerConfig(lr=1.0))
+    sched = build_lr_scheduler(opt, FSDPOptimizerConfig(lr_warmup_steps=2, warmup_style="cosine", min_lr_ratio=0.1), 12)
     lrs = []
     for _ in range(13):
         lrs.append(opt.param_groups[0]["lr"])
@@ -73,7 +75,7 @@ def test_optimizer_and_schedules():
         sched.step()
     assert lrs[2] == pytest.approx(1.0) and lrs[12] == pytest.approx(0.1) and lrs[7] == pytest.approx(0.55)
     with pytest.raises(ValueError, match="lr_scheduler_type"):
-        build_lr_scheduler(opt, {"lr_scheduler_type": "linear"}, 10)
+        build_lr_scheduler(opt, FSDPOptimizerConfig(lr_scheduler_type="linear"), 10)
 
 
 def test_clip_grad_norm_plain():
@@ -118,8 +120,8 @@ def _fsdp_worker(rank, world, out_dir):
 
     model = tiny_model(seed=0)
     ref = {k: v.clone() for k, v in model.state_dict().items()}
-    apply_fsdp2(model, {"dtype": "bf16", "reshard_after_forward": True, "param_offload": True,
-                        "offload_policy": True})
+    apply_fsdp2(model, FSDPEngineConfig(dtype="bf16", reshard_after_forward=True, param_offload=True,
+                                        offload_policy=True))
     assert fsdp_version(model) == 2
     local = model.model.embed_tokens.weight.to_local()
     assert local.shape[0] in (129, 130)  # 259 rows over 2 ranks
@@ -142,7 +144,7 @@ def _fsdp_worker(rank, world, out_dir):
     from verl.utils.fsdp_utils import create_device_mesh
 
     hsdp = tiny_model(seed=4)
-    apply_fsdp2(hsdp, {"dtype": "fp32"}, create_device_mesh(world, fsdp_size=1))
+    apply_fsdp2(hsdp, FSDPEngineConfig(dtype="fp32"), create_device_mesh(world, fsdp_size=1))
     assert hsdp.model.embed_tokens.weight.device_mesh.mesh_dim_names == ("ddp", "fsdp")
     FSDPCheckpointManager(hsdp, None, None, None).save_checkpoint(local_path=f"{out_dir}/hsdp", global_step=1)
     hsdp(input_ids=HSDP_IDS).logits.sum().backward()  # same data on both replicas: averaged grads = local grads
@@ -153,8 +155,9 @@ def _fsdp_worker(rank, world, out_dir):
     # fsdp_config.forward_prefetch: each layer prefetches the next one's all-gather (same outputs);
     # mixed_precision.buffer_dtype: the floating-point buffers (rotary frequencies) in that dtype
     plain, prefetched = tiny_model(seed=5), tiny_model(seed=5)
-    apply_fsdp2(plain, {"dtype": "fp32"})
-    apply_fsdp2(prefetched, {"dtype": "fp32", "forward_prefetch": True, "mixed_precision": {"buffer_dtype": "bf16"}})
+    apply_fsdp2(plain, FSDPEngineConfig(dtype="fp32"))
+    apply_fsdp2(prefetched, FSDPEngineConfig(dtype="fp32", forward_prefetch=True,
+                                             mixed_precision={"buffer_dtype": "bf16"}))
     layers = list(prefetched.model.layers)
     assert [s._states_to_forward_prefetch for s in (l._get_fsdp_state() for l in layers)] == \
         [[nxt._get_fsdp_state()] for nxt in layers[1:]] + [[]]
@@ -202,7 +205,8 @@ def test_lr_schedules_come_from_transformers_and_keep_verl_numbers():
         return out, type(sched).__module__
 
     total, warmup, min_ratio = 40, 4, 0.1
-    got, _ = lrs({"lr_scheduler_type": "cosine", "lr_warmup_steps": warmup, "min_lr_ratio": min_ratio}, total, total)
+    got, _ = lrs(FSDPOptimizerConfig(lr_scheduler_type="cosine", lr_warmup_steps=warmup, min_lr_ratio=min_ratio),
+                  total, total)
     for step, lr in enumerate(got):
         if step < warmup:
             factor = step / warmup
@@ -210,10 +214,10 @@ def test_lr_schedules_come_from_transformers_and_keep_verl_numbers():
             progress = (step - warmup) / (total - warmup)
             factor = min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
         assert lr == pytest.approx(0.5 * factor, rel=1e-12, abs=1e-15), step
-    const, _ = lrs({"lr_scheduler_type": "constant", "lr_warmup_steps_ratio": 0.25}, 8, 8)
+    const, _ = lrs(FSDPOptimizerConfig(lr_scheduler_type="constant", lr_warmup_steps_ratio=0.25), 8, 8)
     assert const == pytest.approx([0.0, 0.25, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
     with pytest.raises(ValueError, match="lr_scheduler_type=cosine needs the total"):
-        lrs({"lr_scheduler_type": "cosine"}, None, 1)
+        lrs(FSDPOptimizerConfig(lr_scheduler_type="cosine"), None, 1)
 
 
 def _foreach_worker(rank, world, out_dir):
@@ -223,8 +227,8 @@ def _foreach_worker(rank, world, out_dir):
     ids = torch.randint(3, 200, (4, 6))
     results = {}
     for name, override in (("auto", None), ("loop", {"foreach": False})):
-        model = apply_fsdp2(tiny_model(seed=0), {"dtype": "fp32"})
-        opt = build_optimizer(model.parameters(), {"lr": 1e-2, "override_optimizer_config": override})
+        model = apply_fsdp2(tiny_model(seed=0), FSDPEngineConfig(dtype="fp32"))
+        opt = build_optimizer(model.parameters(), FSDPOptimizerConfig(lr=1e-2, override_optimizer_config=override))
         results[f"{name}_foreach"] = opt.defaults.get("foreach")
         for _ in range(3):
             model(input_ids=ids).logits.float().pow(2).mean().backward()
@@ -232,7 +236,7 @@ def _foreach_worker(rank, world, out_dir):
             opt.zero_grad()
         results[name] = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
     plain = tiny_model(seed=0)
-    results["plain_foreach"] = build_optimizer(plain.parameters(), {"lr": 1e-2}).defaults.get("foreach")
+    results["plain_foreach"] = build_optimizer(plain.parameters(), FSDPOptimizerConfig(lr=1e-2)).defaults.get("foreach")
     torch.save(results, f"{out_dir}/foreach.pt")
 
 
@@ -253,7 +257,7 @@ def _one_rank_full_worker(rank, world, out_dir):
 
     model = tiny_model(seed=1)
     ref = {k: v.clone() for k, v in model.state_dict().items()}
-    apply_fsdp2(model, {"dtype": "fp32"})
+    apply_fsdp2(model, FSDPEngineConfig(dtype="fp32"))
     weight = model.model.embed_tokens.weight
     # one rank: the local shard is the whole tensor, returned as is (no collective, no copy)
     assert _full(weight).data_ptr() == weight.to_local().data_ptr()

@@ -201,11 +201,13 @@ def test_flash_models_are_left_alone():
 
 # ----------------------------------------------------------------------------------------- the FSDP engine
 def _engine(model_dir, **kwargs):
+    from verl.workers.config import FSDPOptimizerConfig
     from verl.workers.engine import get_engine_cls
     from verl.workers.engine.config import EngineConfig
 
-    return get_engine_cls("fsdp").build(EngineConfig(model_path=model_dir, name="actor", optim={"lr": 1e-2},
-                                                     grad_clip=1.0, total_training_steps=10, **kwargs))
+    return get_engine_cls("fsdp").build(EngineConfig(model_path=model_dir, name="actor",
+                                                     optim=FSDPOptimizerConfig(lr=1e-2), grad_clip=1.0,
+                                                     total_training_steps=10, **kwargs))
 
 
 def _update(engine, seed=0, micro=2):

@@ -30,6 +30,8 @@ def test_custom_chat_template_replaces_the_tokenizers(tmp_path):
     with) and the TaskRunner's (which renders the prompts) both use it."""
     from omegaconf import OmegaConf
 
+    from verl.trainer.config_schema.ppo import PPOTrainerConfig
+    from verl.trainer.config_schema.spec import build
     from verl.trainer.task_runner import load_tokenizer_and_processor
     from verl.utils.embedded import make_model_dir
 
@@ -41,5 +43,5 @@ def test_custom_chat_template_replaces_the_tokenizers(tmp_path):
         messages, tokenize=False) == "<<1+1>>"
     config = OmegaConf.create({"data": {}, "actor_rollout_ref": {"model": {"path": model,
                                                                             "custom_chat_template": template}}})
-    tokenizer, _ = load_tokenizer_and_processor(config)
+    tokenizer, _ = load_tokenizer_and_processor(build(PPOTrainerConfig, config))
     assert tokenizer.apply_chat_template(messages, tokenize=False) == "<<1+1>>"

@@ -38,6 +38,11 @@ A key the user set stays as set: ``explicit`` holds the keys given on the comman
 whose value differs from the shipped yaml's default also count as set. On GPU and NPU only the HF rollout's
 tensor-parallel size and the reward model's unset micro batch change (and nothing else). The
 returned :class:`HostChoices` prints as one block that says what was chosen and why.
+
+The decisions read one typed view of the config (the schema's frozen classes, built from it once, so a key the
+yaml leaves out has the schema's default); the changes are written to the Hydra config itself, from which the
+run's typed config is built afterwards. Whether a key was set by the user, or follows another key, is read from
+the config as written (:func:`_as_written`): the typed view no longer shows it.
 """
 
 from __future__ import annotations
@@ -47,12 +52,17 @@ import json
 import os
 import platform
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import psutil
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.rollout import RolloutConfig
+from verl.trainer.config_schema.spec import build
 from verl.utils.device import cpu_has_native_bf16, onednn_isa_cap, resolve_device
 
 __all__ = ["HostChoices", "resolve_host_defaults", "resolve_rollout_tp", "resolve_torch_compile", "explicit_override_keys",
@@ -74,35 +84,37 @@ INLINE_ARGS_ENV = "RAY_max_direct_call_object_size"  # call arguments up to this
 _HALF = {"bf16", "bfloat16", "fp16", "float16", "half"}
 
 
-def _int(config, key: str) -> int:
-    value = OmegaConf.select(config, key, default=1)
+def _count(value) -> int:
+    """An integer setting as a count; anything else (validation names it) counts as 0, which changes nothing."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def old_log_prob_update_blocker(config) -> str | None:
+def old_log_prob_update_blocker(config: DictConfig, typed: PPOTrainerConfig | None = None) -> str | None:
     """Why the update's own forward cannot stand in for the trainer's old-log-prob pass (None: it is exact).
 
     It is exact when the weights that would score the batch are the ones the update starts from and nothing
     reads the old log-probs before the update: one epoch, one mini-batch (every later mini-batch would see
-    updated weights), no KL penalty in the reward, no rollout importance sampling or bypass mode."""
-    def get(key, default=None):
-        return OmegaConf.select(config, key, default=default)
-
-    if get(f"{AR}.actor.strategy", "fsdp") not in ("fsdp", "fsdp2"):
-        return f"{AR}.actor.strategy={get(f'{AR}.actor.strategy')} scores old log-probs in its own pass"
-    if int(get(f"{AR}.actor.ppo_epochs", 1) or 1) != 1:
-        return f"{AR}.actor.ppo_epochs={get(f'{AR}.actor.ppo_epochs')}: later epochs need the pre-update log-probs"
-    mini, batch = get(f"{AR}.actor.ppo_mini_batch_size"), get("data.train_batch_size")
+    updated weights), no KL penalty in the reward, no rollout importance sampling or bypass mode. ``typed``: the
+    config's typed view, when the caller has built it."""
+    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    actor, algorithm = typed.actor_rollout_ref.actor, typed.algorithm
+    if actor.strategy not in ("fsdp", "fsdp2"):
+        return f"{AR}.actor.strategy={actor.strategy} scores old log-probs in its own pass"
+    if actor.ppo_epochs != 1:
+        return f"{AR}.actor.ppo_epochs={actor.ppo_epochs}: later epochs need the pre-update log-probs"
+    mini, batch = actor.ppo_mini_batch_size, typed.data.train_batch_size
     if not isinstance(mini, int) or not isinstance(batch, int) or mini < batch:
         return (f"{AR}.actor.ppo_mini_batch_size={mini} < data.train_batch_size={batch}: later mini-batches need "
                 "the pre-update log-probs")
-    if get("algorithm.use_kl_in_reward", False):
+    if algorithm.use_kl_in_reward:
         return "algorithm.use_kl_in_reward=True needs the old log-probs before the update"
-    correction = get("algorithm.rollout_correction", None) or {}
-    if correction.get("bypass_mode", False):
+    correction = algorithm.rollout_correction
+    if correction is None:  # the section written as null: no correction
+        return None
+    if correction.bypass_mode:
         return "algorithm.rollout_correction.bypass_mode=True takes the old log-probs from the rollout"
     for name in ("rollout_is", "rollout_rs"):
-        if correction.get(name, None):
+        if getattr(correction, name):
             return f"algorithm.rollout_correction.{name} needs the old log-probs before the update"
     return None
 
@@ -169,17 +181,28 @@ def _shipped_defaults() -> DictConfig:
     return OmegaConf.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "ppo_trainer.yaml"))
 
 
-def _user_set(config, key: str, explicit: set[str], defaults: DictConfig) -> bool:
+def _as_written(config: DictConfig, key: str, explicit: set[str], defaults: DictConfig) -> str | None:
+    """How ``key`` stands in ``config`` as written: ``"set"`` (named on the command line, or a value other than
+    the shipped yaml's), ``"follows"`` (an interpolation: it changes with the key it follows), ``"absent"`` (this
+    config does not carry it, e.g. a recipe's yaml without that section), or None (the shipped default, which a
+    host-aware value may replace).
+
+    The module's only reads of the Hydra config: whether a value was written, and how, is a property of the
+    composed yaml that the typed view (resolved, with the schema's defaults filled in) no longer has."""
     if key in explicit:
-        return True
-    return OmegaConf.select(config, key, default=None) != OmegaConf.select(defaults, key, default=None)
+        return "set"
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(config, parent)
+    if not isinstance(node, DictConfig) or leaf not in node:
+        return "absent"
+    if OmegaConf.is_interpolation(node, leaf):
+        return "follows"
+    return "set" if node[leaf] != OmegaConf.select(defaults, key, default=None) else None
 
 
 def _set(config: DictConfig, key: str, value) -> None:
-    parent, _, leaf = key.rpartition(".")
-    node = OmegaConf.select(config, parent)
-    with open_dict(node):
-        node[leaf] = value
+    """Write a host-aware value into the Hydra config (the run's typed config is built from it afterwards)."""
+    OmegaConf.update(config, key, value, merge=False, force_add=True)
 
 
 # Ray settings (environment variables read by every Ray process) for a Ray this run starts on a CPU machine:
@@ -211,21 +234,24 @@ def foreground_ray_workers() -> tuple[list, list]:
 
 
 def resolve_rollout_tp(config: DictConfig, device: str, explicit: set[str] | None = None,
-                       defaults: DictConfig | None = None, hf_only: bool = False) -> tuple | None:
+                       defaults: DictConfig | None = None, hf_only: bool = False,
+                       rollout: RolloutConfig | None = None) -> tuple | None:
     """verl's default engine tensor-parallel size (2), when the user did not set it, becomes 1 where it cannot or
     should not apply (module docstring); returns the ``(key, old, new, why)`` change, or None. The driver applies
     it with the host-aware defaults; the config check applies the HF part again (``hf_only``) for callers that
-    validate a composed config directly (a config the driver resolved is unchanged by it)."""
-    tp = OmegaConf.select(config, ROLLOUT_TP_KEY, default=None)
-    name = OmegaConf.select(config, f"{AR}.rollout.name", default=None)
+    validate a composed config directly (a config the driver resolved is unchanged by it). ``rollout``: the typed
+    rollout section, when the caller has built it (otherwise built here from that section alone: the config check
+    runs this on every validation)."""
+    rollout = rollout if rollout is not None else build(RolloutConfig, config.actor_rollout_ref.rollout)
+    tp = rollout.tensor_model_parallel_size
     if not isinstance(tp, int) or tp == 1:
         return None
     defaults = defaults if defaults is not None else _shipped_defaults()
-    if _user_set(config, ROLLOUT_TP_KEY, explicit or set(), defaults):
+    if _as_written(config, ROLLOUT_TP_KEY, explicit or set(), defaults) is not None:
         return None
-    if name == "hf":
+    if rollout.name == "hf":
         why = "HF generate runs one model per process (no tensor parallelism)"
-    elif device == "cpu" and name == "vllm" and not hf_only:
+    elif device == "cpu" and rollout.name == "vllm" and not hf_only:
         why = ("on CPU the engines share the same cores either way: one independent engine per worker process, no "
                "all-reduce per layer")
     else:
@@ -240,22 +266,20 @@ COMPILE_KEYS = (f"{AR}.actor.use_torch_compile", f"{AR}.actor.fsdp_config.use_to
 
 
 def resolve_torch_compile(config: DictConfig, device: str, explicit: set[str] | None = None,
-                          defaults: DictConfig | None = None) -> list[tuple]:
+                          defaults: DictConfig | None = None, typed: PPOTrainerConfig | None = None) -> list[tuple]:
     """verl's default ``use_torch_compile=True``, when the user did not set it, becomes False on CPU: compiling
     the decoder layers costs 10-45 s per worker process before the first step, more than it saves on the short
-    CPU runs (measured in the engine docs). A value you set is used as set. Returns the ``(key, old, new, why)``
-    changes."""
+    CPU runs (measured in the engine docs). A value you set is used as set; a key that follows another (the
+    reference's follows the actor's) changes with it. Returns the ``(key, old, new, why)`` changes. ``typed``: the
+    config's typed view, when the caller has built it."""
     if device != "cpu":
         return []
+    typed = typed if typed is not None else build(PPOTrainerConfig, config)
     defaults = defaults if defaults is not None else _shipped_defaults()
     changes = []
     for key in COMPILE_KEYS:
-        if OmegaConf.select(config, key, default=None) is not True or _user_set(config, key, explicit or set(),
-                                                                                  defaults):
+        if attrgetter(key)(typed) is not True or _as_written(config, key, explicit or set(), defaults) is not None:
             continue
-        parent, _, leaf = key.rpartition(".")
-        if OmegaConf.is_interpolation(OmegaConf.select(config, parent), leaf):
-            continue  # follows another key (the reference follows the actor)
         _set(config, key, False)
         changes.append((key, True, False, "on CPU compiling the decoder layers costs 10-45 s per worker process "
                                           "before the first step; the model runs eagerly"))
@@ -266,16 +290,17 @@ RM_MICRO_KEY = "reward_model.micro_batch_size_per_gpu"
 LOG_PROB_MICRO_KEY = f"{AR}.rollout.log_prob_micro_batch_size_per_gpu"
 
 
-def resolve_reward_model_micro_batch(config: DictConfig):
+def resolve_reward_model_micro_batch(config: DictConfig, typed: PPOTrainerConfig | None = None):
     """An enabled reward model with no micro batch (verl's reward-loop scripts set none: its reward server batches
     by itself) scores in micro-batches of the rollout's log-prob pass, a forward over the same sequences. Returns
-    the change made, or None."""
-    rm = OmegaConf.select(config, "reward_model", default=None)
-    if rm is None or not rm.get("enable", False) or rm.get("use_dynamic_bsz", False):
+    the change made, or None. ``typed``: the config's typed view, when the caller has built it."""
+    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    rm = typed.reward_model
+    if not rm.enable or rm.use_dynamic_bsz:
         return None
-    if rm.get("micro_batch_size_per_gpu") is not None or rm.get("micro_batch_size") is not None:
+    if rm.micro_batch_size_per_gpu is not None or rm.micro_batch_size is not None:
         return None
-    micro = OmegaConf.select(config, LOG_PROB_MICRO_KEY, default=None)
+    micro = typed.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
     if micro is None:
         return None  # validation names both keys
     _set(config, RM_MICRO_KEY, int(micro))
@@ -286,16 +311,18 @@ def resolve_reward_model_micro_batch(config: DictConfig):
 LORA_KEYS = {"lora_rank": "r", "lora_alpha": "lora_alpha", "target_modules": "target_modules"}
 
 
-def resolve_lora_adapter(config: DictConfig) -> list:
+def resolve_lora_adapter(config: DictConfig, typed: PPOTrainerConfig | None = None) -> list:
     """``model.lora_adapter_path`` (a PEFT adapter directory, as verl's lora_from_adapter script passes alone): the
     adapter's rank, alpha and target modules become ``model.lora_rank`` / ``lora_alpha`` / ``target_modules``, which
     the engine, the rollout and the reference (the adapter-free base) read. Keys the user set to other values are
-    left for validation to name. Returns the changes made."""
-    path = OmegaConf.select(config, f"{AR}.model.lora_adapter_path", default=None)
-    if not path or int(OmegaConf.select(config, f"{AR}.model.lora_rank", default=0) or 0) > 0:
+    left for validation to name. Returns the changes made. ``typed``: the config's typed view, when the caller has
+    built it."""
+    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    model = typed.actor_rollout_ref.model
+    if not model.lora_adapter_path or model.lora_rank:  # a rank of 0 (verl's default) or null: not set
         return []
     try:
-        with open(os.path.join(os.path.expanduser(str(path)), "adapter_config.json")) as f:
+        with open(os.path.join(os.path.expanduser(str(model.lora_adapter_path)), "adapter_config.json")) as f:
             adapter = json.load(f)
     except (OSError, ValueError):
         return []  # validation names the missing or unreadable adapter
@@ -306,7 +333,7 @@ def resolve_lora_adapter(config: DictConfig) -> list:
             continue
         value = sorted(value) if isinstance(value, (list, set, tuple)) else value
         full = f"{AR}.model.{key}"
-        old = OmegaConf.select(config, full, default=None)
+        old = getattr(model, key)
         if old != value:
             _set(config, full, value)
             changes.append((full, old, value, f"from the adapter at {AR}.model.lora_adapter_path"))
@@ -317,20 +344,23 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
                           defaults: DictConfig | None = None) -> HostChoices:
     """Apply the host-aware choices to ``config`` (in place, before validation); see the module docstring."""
     try:
-        device = resolve_device(OmegaConf.select(config, "trainer.device", default="auto"))
-    except ValueError:  # a bad trainer.device: validation reports it with the key
-        return HostChoices(device="unknown")
+        # built once: every decision below reads it; the changes go to ``config``, which no decision reads back
+        # except through _as_written (a key that follows a changed one is left to follow it)
+        typed = build(PPOTrainerConfig, config)
+        device = resolve_device(typed.trainer.device)
+    except (OmegaConfBaseException, ValueError):  # a broken interpolation, a bad trainer.device: validation
+        return HostChoices(device="unknown")      # reports it with the key
     choices = HostChoices(device=device)
     explicit = explicit or set()
     defaults = defaults if defaults is not None else _shipped_defaults()
-    change = resolve_rollout_tp(config, device, explicit, defaults)
+    change = resolve_rollout_tp(config, device, explicit, defaults, rollout=typed.actor_rollout_ref.rollout)
     if change is not None:
         choices.changed.append(change)
-    choices.changed.extend(resolve_torch_compile(config, device, explicit, defaults))
-    change = resolve_reward_model_micro_batch(config)
+    choices.changed.extend(resolve_torch_compile(config, device, explicit, defaults, typed=typed))
+    change = resolve_reward_model_micro_batch(config, typed=typed)
     if change is not None:
         choices.changed.append(change)
-    choices.changed.extend(resolve_lora_adapter(config))
+    choices.changed.extend(resolve_lora_adapter(config, typed=typed))
     if device != "cpu":
         return choices
     choices.isa = _cpu_isa()
@@ -339,39 +369,40 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
     choices.memory_gib = memory / 1024**3
 
     for key in COMPUTE_DTYPE_KEYS:
-        value = OmegaConf.select(config, key, default=None)
+        value = attrgetter(key)(typed)
         if str(value).lower() not in _HALF or choices.native_bf16:
             continue
-        if _user_set(config, key, explicit, defaults):
+        written = _as_written(config, key, explicit, defaults)
+        if written == "set":
             choices.kept.append((key, value, "set by you; bf16 is emulated on this CPU and runs 10-20x slower"))
-        else:
+        elif written is None:
             _set(config, key, "fp32")
             choices.changed.append((key, value, "fp32", "bf16 is emulated on this CPU (no AVX-512 BF16 / AMX): "
                                                        "10-20x slower than fp32"))
 
     for key, path_key in CHECKPOINTING_KEYS.items():
-        if not OmegaConf.select(config, key, default=False) or _user_set(config, key, explicit, defaults):
+        if not attrgetter(key)(typed) or _as_written(config, key, explicit, defaults) is not None:
             continue
-        weights = _weights_bytes(OmegaConf.select(config, path_key, default=None))
+        weights = _weights_bytes(attrgetter(path_key)(typed))
         if weights and 8 * weights < memory / 2:
             _set(config, key, False)
             choices.changed.append((key, True, False, f"model weights {weights / 1024**2:.0f} MiB: training state and "
                                                       "activations fit in memory, recomputing them only costs time"))
 
-    ranks = _int(config, "trainer.n_gpus_per_node") * _int(config, "trainer.nnodes")
+    ranks = _count(typed.trainer.n_gpus_per_node) * _count(typed.trainer.nnodes)
     for key in RESHARD_KEYS:
-        if ranks != 1 or OmegaConf.select(config, key, default=None) is not True:
+        if ranks != 1 or attrgetter(key)(typed) is not True:
             continue
-        if _user_set(config, key, explicit, defaults):
+        if _as_written(config, key, explicit, defaults) is not None:
             continue
         _set(config, key, False)
         choices.changed.append((key, True, False, "one process: its shard is the whole model, so resharding after "
                                 "forward only repeats the parameter gather in backward (measured -10% update time)"))
 
-    samples = _int(config, f"{AR}.rollout.n")
-    strategy = OmegaConf.select(config, f"{AR}.actor.strategy", default="fsdp")
-    if (samples > 1 and strategy in ("fsdp", "fsdp2") and OmegaConf.select(config, SHARE_PREFIX_KEY, default=None)
-            is False and not _user_set(config, SHARE_PREFIX_KEY, explicit, defaults)):
+    samples = _count(typed.actor_rollout_ref.rollout.n)
+    if (samples > 1 and typed.actor_rollout_ref.actor.strategy in ("fsdp", "fsdp2")
+            and typed.actor_rollout_ref.model.share_prompt_prefix is False
+            and _as_written(config, SHARE_PREFIX_KEY, explicit, defaults) is None):
         _set(config, SHARE_PREFIX_KEY, True)
         choices.changed.append((SHARE_PREFIX_KEY, False, True, f"rollout.n={samples}: the samples of a prompt run "
                                 "the prompt once in the actor and reference forwards (same log-probs)"))
@@ -380,9 +411,9 @@ def resolve_host_defaults(config: DictConfig, explicit: set[str] | None = None,
     choices.kept.extend(kept)
     choices.changed.extend(changed)
 
-    source = OmegaConf.select(config, OLD_LOG_PROB_KEY, default=None)
-    if source == "trainer" and not _user_set(config, OLD_LOG_PROB_KEY, explicit, defaults):
-        blocker = old_log_prob_update_blocker(config)
+    if (typed.actor_rollout_ref.actor.old_log_prob_source == "trainer"
+            and _as_written(config, OLD_LOG_PROB_KEY, explicit, defaults) is None):
+        blocker = old_log_prob_update_blocker(config, typed)
         if blocker is None:
             _set(config, OLD_LOG_PROB_KEY, "update")
             choices.changed.append((OLD_LOG_PROB_KEY, "trainer", "update", "one epoch x one mini-batch: the update's "

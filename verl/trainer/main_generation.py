@@ -37,6 +37,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer, GenerationConfig
 
 from verl.protocol import DataProto
+from verl.trainer.config_schema.offline import GenerationConfig as GenerationYaml
+from verl.trainer.config_schema.spec import build
 from verl.utils.config import ConfigError, check_overrides
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.device import cpu_has_native_bf16, resolve_device
@@ -93,21 +95,24 @@ def check_no_effect_keys(config: DictConfig, defaults: DictConfig, table: dict[s
 
 
 def validate_generation_config(config: DictConfig) -> dict[str, Any]:
-    """Check the composed config; returns the resolved plan (device, n_samples, dtype...)."""
+    """Check the composed config; returns the resolved plan (device, n_samples, greedy, tp, and ``config``: the
+    config typed)."""
     check_no_effect_keys(config, default_config("generation"), _NO_EFFECT, "main_generation")
+    gen = build(GenerationYaml, config)  # typed once; keys the config leaves out take the schema's defaults
     try:
-        device = resolve_device(config.trainer.get("device", "auto"))
+        device = resolve_device(gen.trainer.device)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    for key in ("trainer.nnodes", "trainer.n_gpus_per_node"):
-        if int(OmegaConf.select(config, key)) < 1:
-            raise ConfigError(f"{key} must be >= 1, got {OmegaConf.select(config, key)}")
-    n_samples = config.data.n_samples
+    for key, value in (("trainer.nnodes", gen.trainer.nnodes),
+                       ("trainer.n_gpus_per_node", gen.trainer.n_gpus_per_node)):
+        if int(value) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    data, rollout = gen.data, gen.rollout
+    n_samples = data.n_samples
     if not isinstance(n_samples, int) or isinstance(n_samples, bool) or n_samples <= 0:
         raise ConfigError(f"data.n_samples must be a positive integer (responses per prompt), got {n_samples!r}")
-    if int(config.data.batch_size) <= 0:
-        raise ConfigError(f"data.batch_size must be a positive integer, got {config.data.batch_size}")
-    rollout = config.rollout
+    if int(data.batch_size) <= 0:
+        raise ConfigError(f"data.batch_size must be a positive integer, got {data.batch_size}")
     if rollout.name not in ROLLOUT_NAMES:
         raise ConfigError(f"rollout.name={rollout.name!r} is not available for batch generation; use one of "
                           f"{'|'.join(ROLLOUT_NAMES)}")
@@ -122,20 +127,21 @@ def validate_generation_config(config: DictConfig) -> dict[str, Any]:
         raise ConfigError(f"greedy decoding (rollout.temperature={rollout.temperature}, rollout.do_sample="
                           f"{rollout.do_sample}) gives the same response every time: set data.n_samples=1, or "
                           f"rollout.temperature>0 with rollout.do_sample=True to sample {n_samples} responses")
-    for key in ("rollout.prompt_length", "rollout.response_length"):
-        if int(OmegaConf.select(config, key)) <= 0:
-            raise ConfigError(f"{key} must be positive, got {OmegaConf.select(config, key)}")
-    if config.data.get("truncation", "error") not in ("error", "left", "right", "middle"):
-        raise ConfigError(f"data.truncation={config.data.truncation!r} is not one of error|left|right|middle")
-    for key in ("data.path", "model.path"):
-        path = os.path.expanduser(str(OmegaConf.select(config, key)))
+    for key, value in (("rollout.prompt_length", rollout.prompt_length),
+                       ("rollout.response_length", rollout.response_length)):
+        if int(value) <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if data.truncation not in ("error", "left", "right", "middle"):
+        raise ConfigError(f"data.truncation={data.truncation!r} is not one of error|left|right|middle")
+    for key, value in (("data.path", data.path), ("model.path", gen.model.path)):
+        path = os.path.expanduser(str(value))
         if not os.path.exists(path):
             if key == "data.path":
                 hint = "a parquet file of prompts, e.g. from examples/data_preprocess/gsm_symbolic.py"
             else:
                 hint = "a local Hugging Face model directory, e.g. from examples/models/prepare_smollm2.py"
             raise ConfigError(f"{key}: {path} does not exist; point it at {hint}")
-    out = config.data.output_path
+    out = data.output_path
     if not out:
         raise ConfigError("data.output_path is not set: give the parquet file to write")
     if os.path.isdir(os.path.expanduser(str(out))):
@@ -145,7 +151,7 @@ def validate_generation_config(config: DictConfig) -> dict[str, Any]:
             and not cpu_has_native_bf16():
         logger.warning("rollout.dtype=%s on a CPU without native bf16/fp16 is emulated and many times slower than "
                        "float32; consider rollout.dtype=float32", dtype)
-    return {"device": device, "n_samples": n_samples, "greedy": greedy, "tp": tp}
+    return {"device": device, "n_samples": n_samples, "greedy": greedy, "tp": tp, "config": gen}
 
 
 def load_tokenizer(model_path: str):
@@ -160,17 +166,20 @@ def load_tokenizer(model_path: str):
     return tokenizer
 
 
-def load_prompts(config: DictConfig, tokenizer) -> tuple[RLHFDataset, list[dict]]:
-    """Tokenize every prompt up front: overlong prompts fail here (naming the row) or are filtered (logged)."""
+def load_prompts(gen: GenerationYaml, tokenizer) -> tuple[RLHFDataset, list[dict]]:
+    """Tokenize every prompt up front: overlong prompts fail here (naming the row) or are filtered (logged).
+    ``gen``: the typed config (``validate_generation_config(...)["config"]``)."""
+    data = gen.data
     data_cfg = {
-        "prompt_key": config.data.prompt_key,
-        "max_prompt_length": int(config.data.get("max_prompt_length") or config.rollout.prompt_length),
-        "truncation": config.data.get("truncation", "error"),
-        "filter_overlong_prompts": bool(config.data.get("filter_overlong_prompts", False)),
+        "prompt_key": data.prompt_key,
+        # null follows the engine's prompt budget, as the yaml's ${rollout.prompt_length} does
+        "max_prompt_length": int(data.max_prompt_length or gen.rollout.prompt_length),
+        "truncation": data.truncation,
+        "filter_overlong_prompts": bool(data.filter_overlong_prompts),
     }
-    before = pq.ParquetFile(os.path.expanduser(str(config.data.path))).metadata.num_rows
+    before = pq.ParquetFile(os.path.expanduser(str(data.path))).metadata.num_rows
     try:
-        dataset = RLHFDataset(str(config.data.path), tokenizer, data_cfg)
+        dataset = RLHFDataset(str(data.path), tokenizer, data_cfg)
         items = [dataset[i] for i in range(len(dataset))]
     except (ValueError, KeyError) as err:
         raise ConfigError(str(err).strip("'\"")) from None
@@ -227,15 +236,16 @@ def write_parquet_atomic(rows: list[dict], path: str) -> str:
 
 def _generate(config: DictConfig, plan: dict) -> tuple[list[dict], list[list[str]], int, float]:
     """Load the prompts and the engine, generate every batch: ``(rows, responses per row, response tokens,
-    seconds generating)``."""
-    model_path = os.path.expanduser(str(config.model.path))
-    tokenizer = load_tokenizer(model_path)
-    dataset, items = load_prompts(config, tokenizer)
-    n, batch_size = plan["n_samples"], int(config.data.batch_size)
+    seconds generating)``. ``config`` is what the engine is built from; the settings read here come typed in
+    ``plan["config"]``."""
+    gen = plan["config"]
+    tokenizer = load_tokenizer(os.path.expanduser(str(gen.model.path)))
+    dataset, items = load_prompts(gen, tokenizer)
+    n, batch_size = plan["n_samples"], int(gen.data.batch_size)
     start = time.perf_counter()
     rollout = build_rollout(config, tokenizer, plan["device"])
     say = print if not dist.is_initialized() or dist.get_rank() == 0 else (lambda *a, **k: None)
-    say(f"{config.rollout.name} engine ready in {time.perf_counter() - start:.1f} s; generating {n} response(s) "
+    say(f"{gen.rollout.name} engine ready in {time.perf_counter() - start:.1f} s; generating {n} response(s) "
         f"for {len(items)} prompts", flush=True)
     meta = {"eos_token_id": rollout.eos_token_id, "pad_token_id": rollout.pad_token_id,
             "do_sample": not plan["greedy"]}
@@ -250,7 +260,7 @@ def _generate(config: DictConfig, plan: dict) -> tuple[list[dict], list[list[str
         texts = decode_responses(out, tokenizer, width)
         num_tokens += int(out.batch["attention_mask"][:, width:].sum())
         if len(texts) != len(batch) * n:
-            raise RuntimeError(f"the {config.rollout.name} engine returned {len(texts)} responses for "
+            raise RuntimeError(f"the {gen.rollout.name} engine returned {len(texts)} responses for "
                                f"{len(batch)} prompts x n_samples={n}")
         responses.extend(texts[i * n:(i + 1) * n] for i in range(len(batch)))
         say(f"generated {min(lo + batch_size, len(items))}/{len(items)} prompts", flush=True)
@@ -286,13 +296,14 @@ def run_generation(config: DictConfig) -> str:
     """Validate, generate and write ``data.output_path``; returns its absolute path."""
     OmegaConf.resolve(config)
     plan = validate_generation_config(config)
-    if config.model.get("external_lib"):
-        importlib.import_module(str(config.model.external_lib))
+    gen = plan["config"]
+    if gen.model.external_lib:
+        importlib.import_module(str(gen.model.external_lib))
     n = plan["n_samples"]
     if plan["tp"] == 1:
         rows, responses, num_tokens, seconds = _generate(config, plan)
     else:
-        load_prompts(config, load_tokenizer(os.path.expanduser(str(config.model.path))))  # data errors named here
+        load_prompts(gen, load_tokenizer(os.path.expanduser(str(gen.model.path))))  # data errors named here
         with tempfile.TemporaryDirectory(prefix="verl_generation_") as tmp:
             result = os.path.join(tmp, "generated.pt")
             mp.spawn(_tensor_parallel_rank, args=(plan["tp"], _free_port(), OmegaConf.to_container(config), plan,
@@ -300,7 +311,7 @@ def run_generation(config: DictConfig) -> str:
             rows, responses, num_tokens, seconds = torch.load(result, weights_only=False)
     for row, texts in zip(rows, responses):
         row["responses"] = texts
-    path = write_parquet_atomic(rows, str(config.data.output_path))
+    path = write_parquet_atomic(rows, str(gen.data.output_path))
     print(f"wrote {path}: {len(rows)} prompts x {n} responses, {num_tokens} response tokens in {seconds:.1f} s "
           f"({num_tokens / max(seconds, 1e-9):.0f} tok/s)", flush=True)
     return path

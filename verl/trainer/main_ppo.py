@@ -19,17 +19,19 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from operator import attrgetter
 from typing import Any
 
 import hydra
 import ray
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
-from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.ppo import AlgorithmConfig, DataConfig, PPOTrainerConfig
 from verl.trainer.config_schema.profiler import PROFILED_ROLES
-from verl.trainer.config_schema.spec import specs
+from verl.trainer.config_schema.spec import build, specs
 from verl.trainer.host_defaults import explicit_override_keys, resolve_host_defaults
 from verl.utils.config import ConfigError, check_overrides
 
@@ -92,14 +94,19 @@ def refuse_dynamic_sampling_overrides(overrides: list[str]) -> None:
 def refuse_dynamic_sampling(config: DictConfig) -> None:
     """DAPO's dynamic sampling keys are accepted here at their defaults (verl's yamls carry them); turning it on
     needs the DAPO recipe's trainer, which generates until enough groups carry a learning signal."""
-    if OmegaConf.select(config, "algorithm.filter_groups.enable", default=False):
+    # the two sections typed (keys main_ppo's yaml leaves out take the schema's defaults: dynamic sampling off)
+    try:
+        algorithm, data = build(AlgorithmConfig, config.algorithm), build(DataConfig, config.data)
+    except OmegaConfBaseException as e:  # a broken interpolation such as ${trainer.nonexistent}
+        config_error_exit(ConfigError(f"config interpolation failed: {e}"))
+    if algorithm.filter_groups is not None and algorithm.filter_groups.enable:
         config_error_exit(ConfigError(
             "algorithm.filter_groups.enable=True (DAPO dynamic sampling) runs in the DAPO recipe: "
             "python -m recipe.dapo.main_dapo with the same overrides; main_ppo trains on every generated group"))
-    gen_bsz = OmegaConf.select(config, "data.gen_batch_size", default=None)
-    if gen_bsz is not None and gen_bsz != config.data.train_batch_size:
+    gen_bsz = data.gen_batch_size
+    if gen_bsz is not None and gen_bsz != data.train_batch_size:
         config_error_exit(ConfigError(
-            f"data.gen_batch_size={gen_bsz} differs from data.train_batch_size={config.data.train_batch_size}: "
+            f"data.gen_batch_size={gen_bsz} differs from data.train_batch_size={data.train_batch_size}: "
             "drawing more prompts than a step trains on is DAPO's dynamic sampling (python -m "
             "recipe.dapo.main_dapo); remove data.gen_batch_size here"))
     # what is left leaves dynamic sampling off, exactly as without the keys (main_ppo's yaml does not carry them)
@@ -115,7 +122,7 @@ def run_ppo(config: DictConfig, task_runner_class=None, placement: str = "coloca
     ``"module:Class"`` name, imported inside the actor so that this process does not load the trainer)."""
     print(resolve_host_defaults(config, explicit_override_keys()), flush=True)
     plan = validate_or_exit(config)
-    absolutize_local_paths(config)
+    absolutize_local_paths(config, plan)
     if not ray.is_initialized():
         init_ray(config, plan)
     args = ()
@@ -145,25 +152,35 @@ def _abs(value):
     return value
 
 
-def absolutize_local_paths(config: DictConfig) -> None:
-    """Resolve interpolations, then make relative local paths absolute (relative to the launch directory).
+def typed_run_config(config: DictConfig, plan: PPOPlan | None = None) -> PPOTrainerConfig:
+    """The run's config, typed: the validator's (``plan.config``), else built from ``config`` as it is now (a
+    recipe's driver checks its config its own way and has no plan)."""
+    if plan is not None and plan.config is not None:
+        return plan.config
+    return build(PPOTrainerConfig, config)
+
+
+def absolutize_local_paths(config: DictConfig, plan: PPOPlan | None = None) -> None:
+    """Resolve interpolations, then make relative local paths absolute (relative to the launch directory), in
+    ``config``: the config the Ray processes receive.
 
     A model name like ``Qwen/Qwen2.5-0.5B`` that is not a local directory stays as it is (HF cache)."""
     OmegaConf.resolve(config)
+    typed = typed_run_config(config, plan)
     with open_dict(config):
         for key in _PATH_KEYS:
-            value = OmegaConf.select(config, key, default=None)
+            value = attrgetter(key)(typed)
             if value is None:
                 continue
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(config, parent)
-            if isinstance(value, (list, ListConfig)):
-                node[leaf] = [_abs(v) for v in value]
+            if isinstance(value, (list, tuple)):
+                new = [_abs(v) for v in value]
             elif key.endswith("model.path") or key.endswith("tokenizer_path") or key.endswith("input_tokenizer"):
                 expanded = os.path.expanduser(str(value))
-                node[leaf] = os.path.abspath(expanded) if os.path.exists(expanded) else value
+                new = os.path.abspath(expanded) if os.path.exists(expanded) else value
             else:
-                node[leaf] = _abs(value)
+                new = _abs(value)
+            if new != value:
+                OmegaConf.update(config, key, new, merge=False)
     for env in ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR", "WANDB_DIR"):
         if os.environ.get(env):
             os.environ[env] = os.path.abspath(os.path.expanduser(os.environ[env]))
@@ -177,11 +194,12 @@ def init_ray(config: DictConfig, plan: PPOPlan | None) -> None:
     that calls the trainer keeps its own environment. Joining a cluster (``RAY_ADDRESS``) sends the variables in
     the job's runtime_env instead."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    kwargs = ray_init_kwargs(config, plan)
+    typed = typed_run_config(config, plan)
+    kwargs = _ray_init_kwargs(typed)
     if os.environ.get("RAY_ADDRESS"):
         ray.init(**kwargs)
         return
-    if OmegaConf.select(config, "ray_init.timeline_json_file", default=None):
+    if typed.ray_init.timeline_json_file:
         os.environ["RAY_PROFILING"] = "1"
     env = worker_env()
     before = {k: os.environ.get(k) for k in env}
@@ -207,10 +225,13 @@ def worker_env() -> dict[str, str]:
 def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
     """The keyword arguments of ``ray.init`` for this run (no side effects; :func:`init_ray` sets the
     environment a local Ray inherits)."""
+    return _ray_init_kwargs(typed_run_config(config, plan))
+
+
+def _ray_init_kwargs(typed: PPOTrainerConfig) -> dict:
     kwargs: dict[str, Any] = {}
-    extra_node = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
-    extra = dict(OmegaConf.to_container(extra_node, resolve=True)) if extra_node else {}
-    num_cpus = OmegaConf.select(config, "ray_init.num_cpus", default=None) or extra.pop("num_cpus", None)
+    extra = dict(typed.ray_kwargs.ray_init or {})  # free-form ray.init arguments, passed on as given
+    num_cpus = typed.ray_init.num_cpus or extra.pop("num_cpus", None)
     if os.environ.get("RAY_ADDRESS"):
         kwargs.update(extra)
         # join the user's cluster as is; its processes get the variables through the job's runtime_env
@@ -225,7 +246,7 @@ def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
         return kwargs
     if num_cpus is None:
         # Ray CPUs are logical: make sure every worker process of every pool gets a slot
-        num_cpus = max(os.cpu_count() or 1, _total_processes(config) + 1)
+        num_cpus = max(os.cpu_count() or 1, _total_processes(typed) + 1)
     kwargs.update(
         num_cpus=int(num_cpus),
         include_dashboard=False,
@@ -235,10 +256,11 @@ def ray_init_kwargs(config: DictConfig, plan: PPOPlan | None) -> dict:
     return kwargs
 
 
-def _total_processes(config: DictConfig) -> int:
-    total = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
-    if config.reward_model.enable and config.reward_model.enable_resource_pool:
-        total += int(config.reward_model.n_gpus_per_node) * int(config.reward_model.nnodes)
+def _total_processes(typed: PPOTrainerConfig) -> int:
+    trainer, reward_model = typed.trainer, typed.reward_model
+    total = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
+    if reward_model.enable and reward_model.enable_resource_pool:
+        total += int(reward_model.n_gpus_per_node) * int(reward_model.nnodes)
     return total
 
 

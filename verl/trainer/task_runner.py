@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.single_controller.ray import RayWorkerGroup
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
 from verl.trainer.ppo.reward import RewardLoop, load_reward_manager
 from verl.utils.config import ConfigError
@@ -27,9 +28,10 @@ from verl.utils.tokenizer import hf_processor, hf_tokenizer
 from verl.workers import fsdp_workers, megatron_workers
 from verl.workers.engine import engine_workers
 
-def resource_pools(config: DictConfig, plan: PPOPlan, placement: str = "colocate") -> tuple[dict, dict]:
+def resource_pools(plan: PPOPlan, placement: str = "colocate") -> tuple[dict, dict]:
     """Role -> pool mapping and pool sizes: ``({pool: [procs per node] * nnodes}, {Role: pool})``."""
-    nnodes, per_node = int(config.trainer.nnodes), int(config.trainer.n_gpus_per_node)
+    trainer, reward_model = plan.config.trainer, plan.config.reward_model
+    nnodes, per_node = int(trainer.nnodes), int(trainer.n_gpus_per_node)
     actor_role = Role.ActorRollout
     if placement == "colocate":
         spec = {"global_pool": [per_node] * nnodes}
@@ -51,23 +53,23 @@ def resource_pools(config: DictConfig, plan: PPOPlan, placement: str = "colocate
     if plan.use_reference_policy and not plan.ref_in_actor:
         mapping[Role.RefPolicy] = actor_pool
     if plan.use_rm:
-        if config.reward_model.enable_resource_pool:
-            spec["reward_pool"] = [int(config.reward_model.n_gpus_per_node)] * int(config.reward_model.nnodes)
+        if reward_model.enable_resource_pool:
+            spec["reward_pool"] = [int(reward_model.n_gpus_per_node)] * int(reward_model.nnodes)
             mapping[Role.RewardModel] = "reward_pool"
         else:
             mapping[Role.RewardModel] = critic_pool
     return spec, mapping
 
 
-def worker_classes(config: DictConfig):
+def worker_classes(config: PPOTrainerConfig):
     """(ActorRolloutRefWorker, CriticWorker, RewardModelWorker, worker-group class) for the strategy.
 
     ``trainer.use_legacy_worker_impl`` (auto | enable | disable) chooses between verl's two worker generations;
     here one set of workers, built on the training-engine interface, serves every value. The strategy's registration
     says which: verl's fsdp/fsdp2 and a user's ``register_engine(name, cls)`` run in the FSDP workers (each
     process holds its own rows), megatron and ``register_engine(name, cls, workers="megatron")`` in the Megatron
-    workers."""
-    legacy = str(config.trainer.get("use_legacy_worker_impl", "auto"))
+    workers. ``config``: the run's config, typed (``PPOPlan.config``)."""
+    legacy = str(config.trainer.use_legacy_worker_impl)
     if legacy != "auto":
         print(f"trainer.use_legacy_worker_impl={legacy}: the engine-based workers serve every value of this switch")
     strategy = config.actor_rollout_ref.actor.strategy
@@ -90,9 +92,9 @@ class TaskRunner:
         plan = validate_ppo_config(config)  # imports actor_rollout_ref.model.external_lib and plugins first
         print_config(config)
 
-        tokenizer, processor = load_tokenizer_and_processor(config)
+        tokenizer, processor = load_tokenizer_and_processor(plan.config)
 
-        actor_cls, critic_cls, rm_cls, wg_cls = worker_classes(config)
+        actor_cls, critic_cls, rm_cls, wg_cls = worker_classes(plan.config)
         role_worker_mapping = {Role.ActorRollout: ray.remote(actor_cls)}
         if plan.use_critic:
             role_worker_mapping[Role.Critic] = ray.remote(critic_cls)
@@ -100,15 +102,15 @@ class TaskRunner:
             role_worker_mapping[Role.RefPolicy] = ray.remote(actor_cls)
         if plan.use_rm:
             role_worker_mapping[Role.RewardModel] = ray.remote(rm_cls)
-        spec, mapping = resource_pools(config, plan, placement)
+        spec, mapping = resource_pools(plan, placement)
         print(f"Resource pools: {spec}; roles: { {role.name: pool for role, pool in mapping.items()} }")
         resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=mapping)
 
-        reward_kwargs_node = OmegaConf.select(config, "reward_model.reward_kwargs", default=None)
-        reward_kwargs = dict(OmegaConf.to_container(reward_kwargs_node, resolve=True)) if reward_kwargs_node else {}
-        reward_fn = load_reward_manager(config, tokenizer, num_examine=0, **reward_kwargs)
-        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, **reward_kwargs)
-        num_reward_workers = int(OmegaConf.select(config, "reward_model.num_workers", default=1) or 1)
+        reward_model = plan.config.reward_model
+        reward_kwargs = dict(reward_model.reward_kwargs)  # free-form: the reward manager's own arguments
+        reward_fn = load_reward_manager(plan.config, tokenizer, num_examine=0, **reward_kwargs)
+        val_reward_fn = load_reward_manager(plan.config, tokenizer, num_examine=1, **reward_kwargs)
+        num_reward_workers = int(reward_model.num_workers)
         if num_reward_workers > 1:  # the reward function scores slices of each batch in that many Ray actors
             reward_fn = RewardLoop(reward_fn, num_reward_workers)
             val_reward_fn = RewardLoop(val_reward_fn, num_reward_workers)
@@ -153,13 +155,14 @@ def print_config(config: DictConfig) -> None:
           "(set VERL_PRINT_CONFIG=1 to print the full config)", flush=True)
 
 
-def load_tokenizer_and_processor(config: DictConfig):
+def load_tokenizer_and_processor(config: PPOTrainerConfig):
+    """The policy's tokenizer and processor (``config``: the run's config, typed)."""
     model_cfg = config.actor_rollout_ref.model
-    path = copy_to_local(model_cfg.get("tokenizer_path") or model_cfg.path, use_shm=model_cfg.get("use_shm", False))
-    trust = bool(config.data.get("trust_remote_code", False) or model_cfg.get("trust_remote_code", False))
+    path = copy_to_local(model_cfg.tokenizer_path or model_cfg.path, use_shm=model_cfg.use_shm)
+    trust = bool(config.data.trust_remote_code or model_cfg.trust_remote_code)
     tokenizer = hf_tokenizer(path, trust_remote_code=trust)
     processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
-    template = model_cfg.get("custom_chat_template")
+    template = model_cfg.custom_chat_template
     if template is not None:  # the prompts are rendered with it too (data.chat_template, when set, still wins)
         tokenizer.chat_template = template
         if processor is not None:

@@ -15,8 +15,8 @@ before any worker starts, and a worker calls it instead of rewriting its own con
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from verl.utils.config import ConfigError
@@ -39,12 +39,9 @@ class NormalizedBatchSizes:
     micro_batch_size_per_gpu: Optional[int]  # reward model scoring
 
 
-def _get(section: Any, name: str) -> Any:
-    if section is None:
-        return None
-    if isinstance(section, Mapping) or hasattr(section, "keys"):
-        return section.get(name, None)
-    return getattr(section, name, None)
+def _as_section(section: Any) -> Any:
+    """``section`` with its keys as attributes: a typed section or DictConfig as given, a plain dict wrapped."""
+    return SimpleNamespace(**section) if isinstance(section, dict) else section
 
 
 def _positive_int(value: Any, key: str) -> int:
@@ -56,15 +53,17 @@ def _positive_int(value: Any, key: str) -> int:
 
 
 def per_rank_size(section: Any, global_key: str, per_gpu_key: str, dp_size: int, prefix: str) -> Optional[int]:
-    """``<global_key> // dp_size`` when the deprecated global key is set (it wins, as in verl), else the per-gpu key."""
-    global_value = _get(section, global_key)
+    """``<global_key> // dp_size`` when the deprecated global key is set (it wins, as in verl), else the per-gpu key.
+    A key the role's section does not have counts as unset (each role carries only its own batch keys)."""
+    section = _as_section(section)
+    global_value = getattr(section, global_key, None)
     if global_value is not None:
         global_value = _positive_int(global_value, f"{prefix}{global_key}")
         if global_value % dp_size != 0:
             raise ConfigError(f"{prefix}{global_key}={global_value} must split evenly over {dp_size} data-parallel "
                               f"ranks; use {prefix}{per_gpu_key} (per device) instead")
         return global_value // dp_size
-    value = _get(section, per_gpu_key)
+    value = getattr(section, per_gpu_key, None)
     return None if value is None else _positive_int(value, f"{prefix}{per_gpu_key}")
 
 
@@ -79,9 +78,14 @@ def normalized_batch_sizes(section: Any, rollout_n: int, dp_size: int, prefix: s
     if dp_size < 1:
         raise ValueError(f"dp_size={dp_size} must be >= 1")
     rollout_n = _positive_int(rollout_n, "actor_rollout_ref.rollout.n")
-    dynamic = bool(_get(section, "use_dynamic_bsz")) if use_dynamic_bsz is None else bool(use_dynamic_bsz)
+    # each role's section carries only its own batch keys (the rollout has no ppo_*, the actor no forward_*, ...):
+    # a key the section does not have reads as None, "not this role's"
+    section = _as_section(section)
+    if use_dynamic_bsz is None:
+        use_dynamic_bsz = getattr(section, "use_dynamic_bsz", None)
+    dynamic = bool(use_dynamic_bsz)
 
-    mini = _get(section, "ppo_mini_batch_size")
+    mini = getattr(section, "ppo_mini_batch_size", None)
     per_rank_mini = micro = accum = None
     if mini is not None:
         mini = _positive_int(mini, f"{prefix}ppo_mini_batch_size")
@@ -106,7 +110,7 @@ def normalized_batch_sizes(section: Any, rollout_n: int, dp_size: int, prefix: s
 
     log_prob = per_rank_size(section, "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", dp_size, prefix)
     forward = per_rank_size(section, "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", dp_size, prefix)
-    if forward is None and micro is not None and _get(section, "forward_max_token_len_per_gpu") is not None:
+    if forward is None and micro is not None and getattr(section, "forward_max_token_len_per_gpu", None) is not None:
         forward = micro  # the critic's value pass defaults to its training micro size
     rm_micro = per_rank_size(section, "micro_batch_size", "micro_batch_size_per_gpu", dp_size, prefix)
     return NormalizedBatchSizes(dp_size=dp_size, rollout_n=rollout_n, use_dynamic_bsz=dynamic,

@@ -30,7 +30,6 @@ from torch import nn
 from transformers.optimization import (get_constant_schedule_with_warmup,
                                        get_cosine_with_min_lr_schedule_with_warmup)
 
-from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name, get_torch_device
 from verl.utils.model import to_torch_dtype, unwrap_peft
 
@@ -102,10 +101,14 @@ def get_fsdp_wrap_modules(model: nn.Module, layer_cls_names=None) -> list[nn.Mod
 
 def get_mixed_precision_policy(fsdp_config, model: nn.Module | None = None) -> MixedPrecisionPolicy:
     """``fsdp_config.mixed_precision.{param_dtype, reduce_dtype}``, else ``fsdp_config.dtype`` as the compute dtype
-    with fp32 gradient reduction. A compute dtype equal to the stored parameter dtype means no cast."""
-    mp = cfg_get(fsdp_config, "mixed_precision", None)
-    param_dtype = to_torch_dtype(cfg_get(mp, "param_dtype", None) or cfg_get(fsdp_config, "dtype", None), None)
-    reduce_dtype = to_torch_dtype(cfg_get(mp, "reduce_dtype", None), torch.float32)
+    with fp32 gradient reduction; ``fsdp_config`` None computes in the stored dtype. A compute dtype equal to the
+    stored parameter dtype means no cast."""
+    param_dtype = reduce_dtype = None
+    if fsdp_config is not None:
+        mp = fsdp_config.mixed_precision
+        param_dtype, reduce_dtype = mp.param_dtype or fsdp_config.dtype, mp.reduce_dtype
+    param_dtype = to_torch_dtype(param_dtype, None)
+    reduce_dtype = to_torch_dtype(reduce_dtype, torch.float32)  # null: gradients reduced in fp32
     stored = None
     if model is not None:
         stored = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
@@ -120,32 +123,32 @@ def apply_fsdp2(model: nn.Module, fsdp_config=None, device_mesh=None) -> nn.Modu
     """Shard ``model`` in place with FSDP2: each decoder layer, then the root (embeddings, final norm, head).
 
     ``device_mesh``: a DeviceMesh (1-D, or 2-D ``("ddp", "fsdp")`` for HSDP), a ProcessGroup, or None (all ranks).
-    Keys read from ``fsdp_config``: ``dtype`` / ``mixed_precision.{param_dtype, reduce_dtype, buffer_dtype}``,
-    ``reshard_after_forward`` (default True), ``forward_prefetch`` (each layer prefetches the next one's
-    all-gather), ``offload_policy`` (``CPUOffloadPolicy`` on accelerators; on CPU
-    the parameters already live in host memory, so it is accepted and does nothing),
-    ``wrap_policy.transformer_layer_cls_to_wrap`` (layer class names; default: the model's ``_no_split_modules``).
+    ``fsdp_config``: the role's typed ``fsdp_config`` section (``verl.workers.config.FSDPEngineConfig``), whose
+    ``dtype`` / ``mixed_precision.{param_dtype, reduce_dtype, buffer_dtype}``, ``reshard_after_forward``,
+    ``forward_prefetch`` (each layer prefetches the next one's all-gather), ``offload_policy`` (``CPUOffloadPolicy``
+    on accelerators; on CPU the parameters already live in host memory, so it is accepted and does nothing) and
+    ``wrap_policy.transformer_layer_cls_to_wrap`` (layer class names; null: the model's ``_no_split_modules``) are
+    read. None shards with ``fully_shard``'s own settings in the stored dtype (gradients reduced in fp32).
     ``param_offload`` / ``optimizer_offload`` are the worker's business: it calls :func:`offload_fsdp_model_to_cpu`
     / :func:`offload_fsdp_optimizer` between phases (no-ops on CPU).
     """
-    mesh = _as_mesh(device_mesh)
-    kwargs = dict(
-        mesh=mesh,
-        mp_policy=get_mixed_precision_policy(fsdp_config, model),
-        reshard_after_forward=bool(cfg_get(fsdp_config, "reshard_after_forward", True)),
-    )
-    if cfg_get(fsdp_config, "offload_policy", False) and get_device_name() != "cpu":
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-    buffer_dtype = to_torch_dtype(cfg_get(fsdp_config, "mixed_precision.buffer_dtype", None), None)
-    if buffer_dtype is not None:  # buffers are not sharded: each rank keeps them whole, in this dtype
-        for buf in model.buffers():
-            if buf.is_floating_point():
-                buf.data = buf.data.to(buffer_dtype)
-    layers = get_fsdp_wrap_modules(model, cfg_get(fsdp_config, "wrap_policy.transformer_layer_cls_to_wrap", None))
+    kwargs = dict(mesh=_as_mesh(device_mesh), mp_policy=get_mixed_precision_policy(fsdp_config, model))
+    if fsdp_config is None:
+        layers = get_fsdp_wrap_modules(model)
+    else:
+        kwargs["reshard_after_forward"] = bool(fsdp_config.reshard_after_forward)
+        if fsdp_config.offload_policy and get_device_name() != "cpu":
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        buffer_dtype = to_torch_dtype(fsdp_config.mixed_precision.buffer_dtype, None)
+        if buffer_dtype is not None:  # buffers are not sharded: each rank keeps them whole, in this dtype
+            for buf in model.buffers():
+                if buf.is_floating_point():
+                    buf.data = buf.data.to(buffer_dtype)
+        layers = get_fsdp_wrap_modules(model, fsdp_config.wrap_policy.transformer_layer_cls_to_wrap)
     for module in layers:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
-    if cfg_get(fsdp_config, "forward_prefetch", False):
+    if fsdp_config is not None and fsdp_config.forward_prefetch:
         # each layer's forward starts the next layer's all-gather as soon as its own is copied out
         for layer, nxt in zip(layers, layers[1:]):
             layer.set_modules_to_forward_prefetch([nxt])
@@ -207,22 +210,22 @@ def load_lora_adapter(model: nn.Module, path: str) -> nn.Module:
 
 # ------------------------------------------------------------------------------------------------ optimizer
 def build_optimizer(params: Iterable, optim_cfg, extra_kwargs: dict | None = None) -> torch.optim.Optimizer:
-    """``optim.optimizer`` (default AdamW) from ``optim.optimizer_impl`` (default torch.optim) with ``lr``,
-    ``betas``, ``weight_decay`` (+ ``eps``) and any ``override_optimizer_config`` kwargs (``extra_kwargs`` in their
-    place when given: the Megatron engine's, without megatron-core's own optimizer fields)."""
-    impl = cfg_get(optim_cfg, "optimizer_impl", "torch.optim")
-    name = cfg_get(optim_cfg, "optimizer", "AdamW")
+    """``optim_cfg.optimizer`` from ``optim_cfg.optimizer_impl`` with ``lr``, ``betas``, ``weight_decay`` (+ ``eps``)
+    and any ``override_optimizer_config`` kwargs (``extra_kwargs`` in their place when given: the Megatron engine's,
+    without megatron-core's own optimizer fields). ``optim_cfg`` is the role's typed ``optim`` section
+    (``verl.workers.config.OptimizerConfig``: every key is read, its defaults are the schema's)."""
+    impl, name = optim_cfg.optimizer_impl, optim_cfg.optimizer
     try:
         cls = getattr(importlib.import_module(impl), name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"optim.optimizer={name!r} not found in optim.optimizer_impl={impl!r}") from err
-    kwargs = {"lr": float(cfg_get(optim_cfg, "lr", 1e-6)), "weight_decay": float(cfg_get(optim_cfg, "weight_decay", 0.01))}
+    kwargs = {"lr": float(optim_cfg.lr), "weight_decay": float(optim_cfg.weight_decay)}
     if name.lower().startswith("adam"):
-        kwargs["betas"] = tuple(float(b) for b in cfg_get(optim_cfg, "betas", (0.9, 0.999)))
-        if cfg_get(optim_cfg, "eps", None) is not None:
-            kwargs["eps"] = float(cfg_get(optim_cfg, "eps"))
+        kwargs["betas"] = tuple(float(b) for b in optim_cfg.betas)
+        if optim_cfg.eps is not None:  # null: the optimizer's own epsilon
+            kwargs["eps"] = float(optim_cfg.eps)
     if extra_kwargs is None:
-        extra_kwargs = _to_plain(cfg_get(optim_cfg, "override_optimizer_config", None)) or {}
+        extra_kwargs = _to_plain(optim_cfg.override_optimizer_config) or {}
     kwargs.update(extra_kwargs)
     params = [p for p in params if p.requires_grad]
     if not params:
@@ -244,16 +247,17 @@ def _wants_foreach(cls, kwargs: dict, params: list) -> bool:
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int | None = None):
     """Warm-up then constant or cosine (``lr_scheduler_type``, or the older ``warmup_style``): transformers'
-    ``get_constant_schedule_with_warmup`` / ``get_cosine_with_min_lr_schedule_with_warmup``.
+    ``get_constant_schedule_with_warmup`` / ``get_cosine_with_min_lr_schedule_with_warmup``. ``optim_cfg`` is the
+    role's typed ``optim`` section (``verl.workers.config.OptimizerConfig``).
 
     Warm-up steps: ``lr_warmup_steps`` when > 0, else ``lr_warmup_steps_ratio * total_steps``. ``total_steps``
     defaults to ``optim.total_training_steps``. Cosine decays to ``min_lr_ratio * lr`` over ``num_cycles``.
     """
-    total = total_steps if total_steps and total_steps > 0 else int(cfg_get(optim_cfg, "total_training_steps", -1))
-    warmup = int(cfg_get(optim_cfg, "lr_warmup_steps", -1))
+    total = total_steps if total_steps and total_steps > 0 else int(optim_cfg.total_training_steps)
+    warmup = int(optim_cfg.lr_warmup_steps)
     if warmup <= 0:
-        warmup = int(float(cfg_get(optim_cfg, "lr_warmup_steps_ratio", 0.0)) * max(total, 0))
-    style = cfg_get(optim_cfg, "warmup_style", None) or cfg_get(optim_cfg, "lr_scheduler_type", "constant")
+        warmup = int(float(optim_cfg.lr_warmup_steps_ratio) * max(total, 0))
+    style = optim_cfg.warmup_style or optim_cfg.lr_scheduler_type
     if style == "constant":
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
     if style == "cosine":
@@ -262,8 +266,8 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps:
                              "(optim.total_training_steps or the total_steps argument)")
         return get_cosine_with_min_lr_schedule_with_warmup(
             optimizer, num_warmup_steps=warmup, num_training_steps=total,
-            num_cycles=float(cfg_get(optim_cfg, "num_cycles", 0.5)),
-            min_lr_rate=float(cfg_get(optim_cfg, "min_lr_ratio", 0.0) or 0.0),  # null: 0
+            num_cycles=float(optim_cfg.num_cycles),
+            min_lr_rate=float(optim_cfg.min_lr_ratio or 0.0),  # null: no floor
         )
     raise ValueError(f"optim.lr_scheduler_type={style!r} is not supported; use constant or cosine")
 

@@ -18,7 +18,6 @@ import os
 
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from verl.utils.config import ConfigError
 
@@ -68,34 +67,34 @@ def _model_heads(path) -> tuple[int | None, int | None]:
 def check_ulysses_config(config, n_gpus: int, use_critic: bool, check_files: bool = True) -> None:
     """Before workers start: ``ulysses_sequence_parallel_size`` of the actor (the reference follows it) and the
     critic must divide the number of processes and the model's heads, run on the FSDP engine and come with
-    ``use_remove_padding``. Raises ``ConfigError`` naming the key."""
-    actor_sp = OmegaConf.select(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size", default=1)
-    ref_sp = OmegaConf.select(config, "actor_rollout_ref.ref.ulysses_sequence_parallel_size", default=actor_sp)
+    ``use_remove_padding``. ``config`` is the typed PPO config (``PPOPlan.config``: every key present, with the
+    schema's defaults). Raises ``ConfigError`` naming the key."""
+    ar = config.actor_rollout_ref
+    actor_sp, ref_sp = ar.actor.ulysses_sequence_parallel_size, ar.ref.ulysses_sequence_parallel_size
     if ref_sp != actor_sp:
         raise ConfigError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp} differs from "
                           f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={actor_sp}: the reference runs in "
                           "the actor's processes with the actor's groups; leave it unset (it follows the actor)")
-    roles = [("actor_rollout_ref.actor", "actor_rollout_ref.model")]
+    # (role prefix, its model's prefix, the role section, whether its sequences are packed, the model path)
+    roles = [("actor_rollout_ref.actor", "actor_rollout_ref.model", ar.actor, ar.actor.use_remove_padding,
+              ar.model.path)]
     if use_critic:
-        roles.append(("critic", "critic.model"))
-    for prefix, model in roles:
+        critic = config.critic
+        roles.append(("critic", "critic.model", critic, critic.model.use_remove_padding, critic.model.path))
+    for prefix, model, role, remove_padding, path in roles:
         key = f"{prefix}.ulysses_sequence_parallel_size"
-        sp = int(OmegaConf.select(config, key, default=1) or 1)
+        sp = int(role.ulysses_sequence_parallel_size)
         if sp == 1:
             continue
-        strategy = OmegaConf.select(config, f"{prefix}.strategy", default="fsdp")
-        if strategy not in ("fsdp", "fsdp2"):
-            raise ConfigError(f"{key}={sp} needs {prefix}.strategy=fsdp or fsdp2 (got {strategy!r}); the Megatron "
-                              f"engine splits sequences its own way; set {key}=1")
-        remove_padding = OmegaConf.select(config, f"{prefix}.use_remove_padding", default=None)
-        if remove_padding is None:
-            remove_padding = OmegaConf.select(config, f"{model}.use_remove_padding", default=False)
+        if role.strategy not in ("fsdp", "fsdp2"):
+            raise ConfigError(f"{key}={sp} needs {prefix}.strategy=fsdp or fsdp2 (got {role.strategy!r}); the "
+                              f"Megatron engine splits sequences its own way; set {key}=1")
         if not remove_padding:
             raise ConfigError(f"{key}={sp} needs {model}.use_remove_padding=True: the packed sequence (padding "
                               "removed) is what is split across ranks")
         heads = kv_heads = None
         if check_files:
-            heads, kv_heads = _model_heads(OmegaConf.select(config, f"{model}.path"))
+            heads, kv_heads = _model_heads(path)
         try:
             check_ulysses_size(sp, n_gpus, heads, kv_heads, key=key)
         except ValueError as err:

@@ -37,7 +37,8 @@ from verl.experimental.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
-from verl.utils.config import cfg_get
+from verl.trainer.config_schema.actor import RefConfig
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.utils.import_utils import import_user_modules
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
@@ -151,7 +152,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             sub = self.config.get(section)
             wanted = self._is_actor if section == "rollout" else (self._is_ref and not self._ref_in_actor)
             if wanted and sub is not None:
-                self._log_prob_micro[section] = self._log_prob_spec(sub, f"{prefix}.{section}")
+                self._log_prob_micro[section] = self._log_prob_spec(section)
         if self._ref_in_actor and "rollout" in self._log_prob_micro:
             self._log_prob_micro["ref"] = self._log_prob_micro["rollout"]
 
@@ -173,13 +174,17 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         self._register_dispatch_collect_info("rollout", dp_rank=layout.dp_rank, is_collect=layout.is_collect)
         return layout
 
-    def _log_prob_spec(self, section, prefix: str) -> MicroBatchSpec:
-        actor = self.actor_config
-        dynamic = bool(cfg_get(section, "log_prob_use_dynamic_bsz", actor.use_dynamic_bsz))
+    def _log_prob_spec(self, name: str) -> MicroBatchSpec:
+        """Micro-batches of a log-prob pass from the ``log_prob_*`` keys of ``actor_rollout_ref.<name>`` (rollout:
+        old log-probs, ref: reference log-probs; the yaml's keys follow the actor's batch keys)."""
+        if name == "rollout":
+            section = self.rollout_config
+        else:  # the actor config class the reference is typed as (typed_actor_config) has no log_prob_* keys
+            section = omega_conf_to_dataclass(self.config.get("ref"), RefConfig)
+        dynamic = bool(section.log_prob_use_dynamic_bsz)
         return MicroBatchSpec(
-            micro_batch_size=log_prob_micro_size(section, self.dp_size, prefix, dynamic),
-            use_dynamic_bsz=dynamic,
-            max_token_len=int(cfg_get(section, "log_prob_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu)))
+            micro_batch_size=log_prob_micro_size(section, self.dp_size, f"actor_rollout_ref.{name}", dynamic),
+            use_dynamic_bsz=dynamic, max_token_len=int(section.log_prob_max_token_len_per_gpu))
 
     # ------------------------------------------------------------------------------------ building
     def _model_path(self) -> str:

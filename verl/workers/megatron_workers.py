@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from verl.utils.config import cfg_get
 from verl.workers import fsdp_workers
+from verl.workers.actor.dp_actor import typed_actor_config
 from verl.workers.config_utils import per_device_micro_size, ppo_batch_sizes
 from verl.workers.engine import MicroBatchSpec
 
@@ -32,9 +32,10 @@ __all__ = ["ActorRolloutRefWorker", "AsyncActorRolloutRefWorker", "CriticWorker"
 
 
 def megatron_grid(megatron_cfg, world: int, prefix: str) -> dict:
-    """This process's (tp, pp, dp) ranks and sizes in megatron's layout, from ``<prefix>.megatron``."""
-    tp = int(cfg_get(megatron_cfg, "tensor_model_parallel_size", 1) or 1)
-    pp = int(cfg_get(megatron_cfg, "pipeline_model_parallel_size", 1) or 1)
+    """This process's (tp, pp, dp) ranks and sizes in megatron's layout, from the typed ``<prefix>.megatron``
+    section (``verl.workers.config.McoreEngineConfig``)."""
+    tp = int(megatron_cfg.tensor_model_parallel_size)
+    pp = int(megatron_cfg.pipeline_model_parallel_size)
     if world % (tp * pp):
         raise ValueError(f"{prefix}.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = {tp} * "
                          f"{pp} does not divide the {world} processes of this worker group (trainer.n_gpus_per_node "
@@ -51,8 +52,8 @@ class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
 
     def _megatron_grid(self) -> dict:
         section = "actor" if self._is_actor or not self._is_ref else "ref"
-        return megatron_grid(cfg_get(self.config.get(section), "megatron", None), dist.get_world_size(),
-                             f"actor_rollout_ref.{section}")
+        role = self.actor_config if section == "actor" else typed_actor_config(self.config.get("ref"))
+        return megatron_grid(role.megatron, dist.get_world_size(), f"actor_rollout_ref.{section}")
 
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
         # the FSDP worker declares its own data-parallel layout for the "actor" mesh; here it is Megatron's (the
@@ -72,7 +73,7 @@ class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
         for name in list(self._log_prob_micro):
             if self._ref_in_actor and name == "ref":
                 continue
-            self._log_prob_micro[name] = self._log_prob_spec(self.config.get(name), f"actor_rollout_ref.{name}")
+            self._log_prob_micro[name] = self._log_prob_spec(name)
         if self._ref_in_actor and "rollout" in self._log_prob_micro:
             self._log_prob_micro["ref"] = self._log_prob_micro["rollout"]
 
@@ -84,15 +85,15 @@ class CriticWorker(fsdp_workers.CriticWorker):
     """The FSDP critic's methods on a Megatron engine (value head on the last stage)."""
 
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
-        grid = megatron_grid(cfg_get(self.config, "megatron", None), dist.get_world_size(), "critic")
+        grid = megatron_grid(self.critic_config.megatron, dist.get_world_size(), "critic")
         super()._register_dispatch_collect_info(mesh_name, grid["dp_rank"], grid["collect"])
 
     def __init__(self, config, **kwargs):
         super().__init__(config, **kwargs)
-        self.grid = megatron_grid(cfg_get(self.config, "megatron", None), dist.get_world_size(), "critic")
+        self.grid = megatron_grid(self.critic_config.megatron, dist.get_world_size(), "critic")
         self.dp_size = self.grid["dp"]
-        rollout_n = int(cfg_get(self.config, "rollout_n", 1))
-        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=rollout_n, dp_size=self.dp_size, prefix="critic")
+        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=self.critic_config.rollout_n, dp_size=self.dp_size,
+                                           prefix="critic")
         forward_micro = per_device_micro_size(self.config, "forward_micro_batch_size",
                                               "forward_micro_batch_size_per_gpu", self.dp_size, "critic")
         self.forward_micro = MicroBatchSpec(

@@ -36,11 +36,11 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.preference.pairs import last_token_scores, sequence_logps
-from verl.utils.config import cfg_get
 from verl.utils.model import check_model_dir
+from verl.workers.actor.dp_actor import typed_actor_config
 from verl.workers.config_utils import read_only_config
 from verl.workers.engine import MicroBatchSpec, TrainEngine, TrainSpec, get_engine_cls
-from verl.workers.engine.config import actor_engine_config
+from verl.workers.engine.config import actor_engine_config, typed_section
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from verl.workers.worker_utils import build_device_mesh, init_distributed, load_tokenizer
 
@@ -172,14 +172,14 @@ class RewardTrainerWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        engine_config = dataclasses.replace(actor_engine_config(self.config), model_kind="reward",
+        model = typed_section(self.config.get("model"), "actor_rollout_ref.model")
+        actor = typed_actor_config(self.config.get("actor"))
+        engine_config = dataclasses.replace(actor_engine_config({"model": model, "actor": actor}), model_kind="reward",
                                             name="reward_model")
         model_path = check_model_dir(engine_config.model_path)
-        self.tokenizer = load_tokenizer(cfg_get(self.config.model, "tokenizer_path", None) or model_path,
-                                        engine_config.trust_remote_code)
-        fsdp_size = int(cfg_get(cfg_get(self.config.actor, "fsdp_config"), "fsdp_size", -1))
+        self.tokenizer = load_tokenizer(model.tokenizer_path or model_path, engine_config.trust_remote_code)
         self.engine = get_engine_cls(engine_config.strategy).build(
-            engine_config, build_device_mesh(self.dp_size, fsdp_size), tokenizer=self.tokenizer)
+            engine_config, build_device_mesh(self.dp_size, actor.fsdp_config.fsdp_size), tokenizer=self.tokenizer)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
     def update_with_loss(self, loss_fn: Callable, data: DataProto) -> DataProto:

@@ -12,7 +12,7 @@ from engine_testlib import actor_config, make_batch, tiny_model  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import build_optimizer  # noqa: E402
-from verl.workers.actor.dp_actor import DataParallelPPOActor  # noqa: E402
+from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config  # noqa: E402
 
 
 def multi_turn_batch():
@@ -33,7 +33,7 @@ def update(batch, key_changes):
         batch[key][:, cols] = value
     model = tiny_model(seed=5)
     cfg = actor_config()
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     metrics = actor.update_policy(DataProto.from_dict(batch, meta_info={"temperature": 1.0}))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from ppo_refs import broadcast, groups, make_batch, mean, rows, std_unbiased, tolist, whiten_valid
 
+from verl.trainer.config_schema.ppo import AlgorithmConfig
 from verl.trainer.ppo import core_algos as ca
 
 GROUP_LAYOUTS = [[1, 2, 3, 5], [4, 4, 4], [1, 1, 1], [8], [2, 1, 6, 3, 2]]
@@ -181,7 +182,8 @@ def test_grpo_passk_matches_hand_computation(layout, norm):
     adv, _ = ca.compute_grpo_passk_outcome_advantage(rewards, mask, uids, norm_adv_by_std_in_grpo=norm)
     assert_close(adv, ref_passk(rewards, mask, uids, norm=norm), 1e-8)
     # config overrides the keyword, as in verl
-    adv2, _ = ca.compute_grpo_passk_outcome_advantage(rewards, mask, uids, config={"norm_adv_by_std_in_grpo": norm})
+    cfg = AlgorithmConfig(norm_adv_by_std_in_grpo=norm)
+    adv2, _ = ca.compute_grpo_passk_outcome_advantage(rewards, mask, uids, config=cfg)
     assert torch.allclose(adv, adv2)
     # only one response per group is non-zero
     nonzero_rows = (adv.abs().sum(-1) > 0).tolist()
@@ -293,8 +295,10 @@ def test_reinforce_pp_matches_hand_computation(gamma):
     assert_close(adv, ref_adv, 1e-7)
     assert_close(ret, ref_ret)
     # gamma read from the algorithm config when not given
-    adv_cfg, _ = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config={"gamma": gamma})
+    adv_cfg, _ = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=AlgorithmConfig(gamma=gamma))
     assert torch.allclose(adv, adv_cfg)
+    with pytest.raises(ValueError, match="gamma"):
+        ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask)
 
 
 def test_remax_matches_hand_computation():

@@ -8,7 +8,9 @@ import pytest
 import torch
 from ppo_refs import make_batch, masked_avg, rows, tolist
 
+from verl.trainer.config_schema.ppo import AlgorithmConfig, KLCtrlConfig
 from verl.trainer.ppo import core_algos as ca
+from verl.utils.config import omega_conf_to_dataclass
 
 
 def logprob_pair(seed=0, B=4, L=6, spread=2.0):
@@ -103,15 +105,16 @@ def test_adaptive_kl_controller_hand_computation():
 def test_get_kl_controller_from_configs():
     from omegaconf import OmegaConf
 
-    fixed = ca.get_kl_controller(OmegaConf.create({"type": "fixed", "kl_coef": 0.05, "horizon": 10, "target_kl": 0.1}))
+    node = OmegaConf.create({"type": "fixed", "kl_coef": 0.05, "horizon": 10, "target_kl": 0.1})
+    fixed = ca.get_kl_controller(omega_conf_to_dataclass(node, KLCtrlConfig))  # algorithm.kl_ctrl, typed
     assert isinstance(fixed, ca.FixedKLController) and fixed.value == 0.05
     fixed.update(1.0, 100)
     assert fixed.value == 0.05
-    adaptive = ca.get_kl_controller({"type": "adaptive", "kl_coef": 0.3, "horizon": 20, "target_kl": 0.2})
+    adaptive = ca.get_kl_controller(KLCtrlConfig(type="adaptive", kl_coef=0.3, horizon=20, target_kl=0.2))
     assert isinstance(adaptive, ca.AdaptiveKLController)
     assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.3, 0.2, 20)
     with pytest.raises(ValueError, match="fixed"):
-        ca.get_kl_controller({"type": "pid"})
+        ca.get_kl_controller(KLCtrlConfig(type="pid"))
 
 
 # ------------------------------------------------------------------------------------------------ DataProto steps
@@ -158,7 +161,7 @@ def test_apply_kl_penalty_rewards_and_metrics():
 @pytest.mark.parametrize("estimator", [e.value for e in ca.AdvantageEstimator])
 def test_compute_advantage_dispatches_to_registry(estimator):
     data, rewards, mask, uids, values = make_proto(layout=(2, 3, 4), seed=5)
-    cfg = {"gamma": 0.9, "lam": 0.8, "norm_adv_by_std_in_grpo": True}
+    cfg = AlgorithmConfig(gamma=0.9, lam=0.8, norm_adv_by_std_in_grpo=True)
     out = ca.compute_advantage(data, adv_estimator=estimator, gamma=0.9, lam=0.8, config=cfg)
     assert torch.equal(out.batch["response_mask"], mask.long())
     fn = ca.get_adv_estimator_fn(estimator)
@@ -187,7 +190,8 @@ def test_pf_ppo_resamples_batch_with_gae():
     torch.manual_seed(0)
     data, *_ = make_proto(layout=(4, 4), seed=7)
     n = len(data)
-    out = ca.compute_advantage(data, "gae", config={"use_pf_ppo": True, "pf_ppo": {"reweight_method": "max_min"}})
+    cfg = omega_conf_to_dataclass({"use_pf_ppo": True, "pf_ppo": {"reweight_method": "max_min"}}, AlgorithmConfig)
+    out = ca.compute_advantage(data, "gae", config=cfg)
     assert len(out) == n
     scores = out.batch["token_level_scores"].sum(-1)
     original = data.batch["token_level_scores"].sum(-1)

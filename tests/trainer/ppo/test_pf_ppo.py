@@ -6,6 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
+from verl.trainer.config_schema.ppo import AlgorithmConfig, PFPPOConfig
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo import pf_ppo as pf
 
@@ -123,7 +124,7 @@ def test_negative_pow_on_zero_score_explains_weight_pow():
 def test_core_algos_reexports_and_compute_advantage_resamples_only_gae():
     assert core_algos.compute_pf_ppo_reweight_data is pf.compute_pf_ppo_reweight_data
     scores = [0.3, -1.0, 0.5, 2.0]
-    cfg = {"use_pf_ppo": True, "pf_ppo": {"reweight_method": "max_min", "weight_pow": 2.0}}
+    cfg = AlgorithmConfig(use_pf_ppo=True, pf_ppo=PFPPOConfig(reweight_method="max_min", weight_pow=2.0))
 
     def data():
         d = make_data(scores)

@@ -9,8 +9,15 @@ import torch
 from ppo_refs import agg, masked_avg, rows, tolist
 
 from verl.trainer.ppo import core_algos as ca
+from verl.utils.config import ConfigError, omega_conf_to_dataclass
+from verl.workers.config import FSDPActorConfig
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+def actor(**keys):
+    """The typed actor config the losses read (keys not given take the schema's defaults)."""
+    return omega_conf_to_dataclass(keys, FSDPActorConfig)
 
 
 def make_pg(seed=0, B=6, L=8, spread=0.6, seq_adv=False):
@@ -116,14 +123,20 @@ def test_vanilla_registered_reads_actor_config():
     from omegaconf import OmegaConf
 
     old, new, adv, mask = make_pg(seed=4, spread=0.8)
-    cfg = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.28, "clip_ratio_c": 2.0})
+    node = OmegaConf.create({"clip_ratio": 0.2, "clip_ratio_low": 0.1, "clip_ratio_high": 0.28, "clip_ratio_c": 2.0})
+    cfg = omega_conf_to_dataclass(node, FSDPActorConfig)  # as the actor builds it from its yaml section
     out = ca.get_policy_loss_fn("vanilla")(old, new, adv, mask, "token-mean", cfg)
     ref = ca.compute_policy_loss(old, new, adv, mask, cliprange_low=0.1, cliprange_high=0.28, clip_ratio_c=2.0)
     assert all(torch.allclose(x, y) for x, y in zip(out, ref))
-    # clip_ratio_low/high null -> fall back to clip_ratio
-    cfg2 = {"clip_ratio": 0.3, "clip_ratio_low": None, "clip_ratio_high": None}
-    out2 = ca.get_policy_loss_fn("vanilla")(old, new, adv, mask, config=cfg2)
+    # symmetric clip: clip_ratio_low = clip_ratio_high = clip_ratio
+    out2 = ca.get_policy_loss_fn("vanilla")(old, new, adv, mask,
+                                            config=actor(clip_ratio=0.3, clip_ratio_low=0.3, clip_ratio_high=0.3))
     assert torch.allclose(out2[0], ca.compute_policy_loss(old, new, adv, mask, cliprange=0.3)[0])
+    # the clip ranges are numbers in the typed config: a null is refused, naming the key; the loss needs a config
+    with pytest.raises(ConfigError, match="clip_ratio_low"):
+        actor(clip_ratio=0.3, clip_ratio_low=None)
+    with pytest.raises(ValueError, match="actor config"):
+        ca.get_policy_loss_fn("vanilla")(old, new, adv, mask)
 
 
 def test_vanilla_gradient_is_minus_adv_ratio_where_unclipped():
@@ -161,7 +174,7 @@ def test_registry_and_unknown_loss_mode():
 @pytest.mark.parametrize("name", ["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo"])
 def test_every_loss_returns_four_finite_scalars_with_gradient(name):
     old, new, adv, mask = make_pg(seed=7)
-    out = ca.get_policy_loss_fn(name)(old, new, adv, mask, "token-mean", {"clip_ratio": 0.2})
+    out = ca.get_policy_loss_fn(name)(old, new, adv, mask, "token-mean", actor(clip_ratio=0.2))
     assert len(out) == 4
     assert all(torch.is_tensor(x) and x.dim() == 0 and torch.isfinite(x) for x in out)
     out[0].backward()
@@ -190,7 +203,7 @@ def test_gspo_matches_hand_computation_and_gradient(seed):
     old, new, adv, mask = make_pg(seed=seed, spread=0.3, seq_adv=True)
     el, eh = 0.05, 0.08
     pg, clipfrac, kl, lower = ca.get_policy_loss_fn("gspo")(
-        old, new, adv, mask, "token-mean", {"clip_ratio_low": el, "clip_ratio_high": eh})
+        old, new, adv, mask, "token-mean", actor(clip_ratio_low=el, clip_ratio_high=eh))
     loss, grad = ref_gspo(old, new, adv, mask, el, eh)
     assert close(pg, agg(loss, mask, "seq-mean-token-mean"))  # always sequence-mean-token-mean
     assert close(kl, masked_avg([[-x for x in r] for r in tolist(new - old)], mask))
@@ -202,7 +215,7 @@ def test_gspo_matches_hand_computation_and_gradient(seed):
 def test_gspo_equals_vanilla_on_policy():
     old, _, adv, mask = make_pg(seed=8, seq_adv=True)
     new = old.clone()
-    g = ca.get_policy_loss_fn("gspo")(old, new, adv, mask, config={"clip_ratio": 0.2})[0]
+    g = ca.get_policy_loss_fn("gspo")(old, new, adv, mask, config=actor(clip_ratio=0.2))[0]
     v = ca.compute_policy_loss(old, new, adv, mask, cliprange=0.2, loss_agg_mode="seq-mean-token-mean")[0]
     assert close(g, v)
 
@@ -223,7 +236,7 @@ def test_cispo_matches_hand_computation(mode):
     old, new, adv, mask = make_pg(seed=10, spread=0.5)
     el, eh = 0.3, 0.25
     pg, clipfrac, kl, lower = ca.get_policy_loss_fn("cispo")(
-        old, new, adv, mask, mode, {"clip_ratio_low": el, "clip_ratio_high": eh})
+        old, new, adv, mask, mode, actor(clip_ratio_low=el, clip_ratio_high=eh))
     o, n, a = tolist(old), tolist(new), tolist(adv)
     B, L = mask.shape
     ratio = [[math.exp(n[i][t] - o[i][t]) for t in range(L)] for i in range(B)]
@@ -238,7 +251,7 @@ def test_cispo_matches_hand_computation(mode):
 def test_sapo_matches_hand_computation(mode):
     old, new, adv, mask = make_pg(seed=12, spread=0.5)
     tp, tn = 1.0, 1.05
-    pg, clipfrac, kl, lower = ca.get_policy_loss_fn("sapo")(old, new, adv, mask, mode, {"tau_pos": tp, "tau_neg": tn})
+    pg, clipfrac, kl, lower = ca.get_policy_loss_fn("sapo")(old, new, adv, mask, mode, actor(tau_pos=tp, tau_neg=tn))
     o, n, a = tolist(old), tolist(new), tolist(adv)
     B, L = mask.shape
 
@@ -258,16 +271,16 @@ def test_sapo_gradient_equals_the_policy_gradient_at_ratio_one_and_fades_far_fro
     adv = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
     mask = torch.ones_like(adv)
     new = old.clone().requires_grad_(True)
-    ca.get_policy_loss_fn("sapo")(old, new, adv, mask, "token-mean", {"tau_pos": 1.0, "tau_neg": 1.05})[0].backward()
+    ca.get_policy_loss_fn("sapo")(old, new, adv, mask, "token-mean", actor(tau_pos=1.0, tau_neg=1.05))[0].backward()
     torch.testing.assert_close(new.grad, -adv / 3)
     far = torch.full((1, 3), 3.0, dtype=torch.float64, requires_grad=True)  # ratio e^3 ~ 20
-    ca.get_policy_loss_fn("sapo")(old, far, adv, mask, "token-mean", {"tau_pos": 1.0, "tau_neg": 1.05})[0].backward()
+    ca.get_policy_loss_fn("sapo")(old, far, adv, mask, "token-mean", actor(tau_pos=1.0, tau_neg=1.05))[0].backward()
     assert (far.grad.abs() < 1e-3 * (adv.abs() / 3)).all()  # no hard cut-off, but the gradient has faded
 
 
 def test_cispo_gradient_matches_ppo_inside_trust_region_and_keeps_clipped_tokens():
     old, new, adv, mask = make_pg(seed=11, spread=0.5)
-    cfg = {"clip_ratio": 0.2}
+    cfg = actor(clip_ratio=0.2)
     ca.get_policy_loss_fn("cispo")(old, new, adv, mask, "token-mean", cfg)[0].backward()
     g_cispo = new.grad.clone()
     new.grad = None
@@ -290,7 +303,7 @@ def test_geo_mean_matches_hand_computation(seq_adv):
     old, new, adv, mask = make_pg(seed=12, spread=0.6, seq_adv=seq_adv)
     el, eh = 0.4, 0.3
     pg, clipfrac, kl, lower = ca.get_policy_loss_fn("geo_mean")(
-        old, new, adv, mask, "token-mean", {"clip_ratio_low": el, "clip_ratio_high": eh})
+        old, new, adv, mask, "token-mean", actor(clip_ratio_low=el, clip_ratio_high=eh))
     o, n, a = tolist(old), tolist(new), tolist(adv)
     B, L = mask.shape
     seq_losses, clip_pos, clip_neg = [], [[0.0] * L for _ in range(B)], [[0.0] * L for _ in range(B)]
@@ -324,7 +337,7 @@ def ref_cov(adv, new, mask):
 
 def test_clip_cov_with_ratio_one_drops_every_candidate():
     old, new, adv, mask = make_pg(seed=13, spread=0.5)
-    cfg = {"clip_ratio": 0.2, "policy_loss": {"clip_cov_ratio": 1.0, "clip_cov_lb": 0.05, "clip_cov_ub": 0.8}}
+    cfg = actor(clip_ratio=0.2, policy_loss={"clip_cov_ratio": 1.0, "clip_cov_lb": 0.05, "clip_cov_ub": 0.8})
     pg, clipfrac, kl, lower = ca.get_policy_loss_fn("clip_cov")(old, new, adv, mask, "token-mean", cfg)
     cov = ref_cov(adv, new, mask)
     o, n, a = tolist(old), tolist(new), tolist(adv)
@@ -353,18 +366,18 @@ def test_clip_cov_drops_exactly_ratio_times_tokens():
     torch.manual_seed(0)
     old, new, adv, mask = make_pg(seed=14, B=16, L=32, spread=0.3)
     n_valid = int(mask.sum().item())
-    cfg = {"clip_ratio": 0.2, "policy_loss": {"clip_cov_ratio": 0.02, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0}}
+    cfg = actor(clip_ratio=0.2, policy_loss={"clip_cov_ratio": 0.02, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0})
     _, clipfrac, _, _ = ca.get_policy_loss_fn("clip_cov")(old, new, adv, mask, "token-mean", cfg)
     assert round(clipfrac.item() * n_valid) == max(int(0.02 * n_valid), 1)
     with pytest.raises(ValueError, match="clip_cov_ratio"):
-        ca.get_policy_loss_fn("clip_cov")(old, new, adv, mask, config={"policy_loss": {"clip_cov_ratio": 0.0}})
+        ca.get_policy_loss_fn("clip_cov")(old, new, adv, mask, config=actor(policy_loss={"clip_cov_ratio": 0.0}))
 
 
 @pytest.mark.parametrize("ratio_k", [0.2, 1e-4])
 def test_kl_cov_matches_hand_computation(ratio_k):
     old, new, adv, mask = make_pg(seed=15, spread=0.4)
     coef = 0.7
-    cfg = {"policy_loss": {"kl_cov_ratio": ratio_k, "ppo_kl_coef": coef}}
+    cfg = actor(policy_loss={"kl_cov_ratio": ratio_k, "ppo_kl_coef": coef})
     pg, clipfrac, kl, lower = ca.get_policy_loss_fn("kl_cov")(old, new, adv, mask, "seq-mean-token-mean", cfg)
     cov = ref_cov(adv, new, mask)
     valid = [(cov[i][t], i, t) for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t] > 0]

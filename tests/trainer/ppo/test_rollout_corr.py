@@ -8,6 +8,7 @@ import torch
 from verl.trainer.ppo.core_algos import agg_loss
 from verl.trainer.ppo.policy_loss import get_policy_loss_fn
 from verl.trainer.ppo.rollout_corr import compute_rollout_is_weights, on_policy_metrics, reinforce_is_loss
+from verl.workers.config import FSDPActorConfig
 
 
 def _batch():
@@ -117,6 +118,6 @@ def test_reinforce_without_is_level_is_plain_reinforce_and_matches_ppo_gradient_
     loss.backward()
     b = lp.clone().requires_grad_(True)
     ppo_loss, *_ = get_policy_loss_fn("vanilla")(old_log_prob=lp, log_prob=b, advantages=adv, response_mask=mask,
-                                                 loss_agg_mode="token-mean", config=None)
+                                                 loss_agg_mode="token-mean", config=FSDPActorConfig())
     ppo_loss.backward()
     assert torch.allclose(a.grad, b.grad, atol=1e-12)

@@ -13,9 +13,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "workers", "actor"))
 from engine_testlib import run_distributed, tiny_model  # noqa: E402
 
+from verl.trainer.config_schema.engine import CheckpointConfig  # noqa: E402
 from verl.utils.checkpoint.fsdp_layout import WRAPPED_FORMAT, CheckpointFormatError  # noqa: E402
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig  # noqa: E402
 
-OPTIM = {"lr": 1e-2, "lr_scheduler_type": "cosine", "lr_warmup_steps": 1}
+OPTIM = FSDPOptimizerConfig(lr=1e-2, lr_scheduler_type="cosine", lr_warmup_steps=1)
 IDS = torch.randint(3, 250, (2, 7), generator=torch.Generator().manual_seed(0))
 
 
@@ -26,7 +28,7 @@ def _train_one_step(seed):
 
     model = tiny_model(seed=seed)
     if torch.distributed.is_initialized():
-        apply_fsdp2(model, {"dtype": "fp32"})
+        apply_fsdp2(model, FSDPEngineConfig(dtype="fp32"))
     optim = build_optimizer(model.parameters(), OPTIM)
     sched = build_lr_scheduler(optim, OPTIM, total_steps=10)
     model(input_ids=IDS, labels=IDS).loss.backward()
@@ -126,7 +128,7 @@ def test_two_rank_checkpoint_loads_on_one_rank_and_merges(two_rank_checkpoints, 
 
     model, optim, sched = _train_one_step(seed=9)  # other weights and moments, one process, unsharded
     load = ["model", "optimizer", "extra"] if layout != "wrapped" else ["model", "extra"]
-    mgr = FSDPCheckpointManager(model, optim, sched, None, checkpoint_config={"load_contents": load})
+    mgr = FSDPCheckpointManager(model, optim, sched, None, checkpoint_config=CheckpointConfig(load_contents=load))
     mgr.load_checkpoint(str(ckpt))
     for k, v in model.state_dict().items():
         assert torch.equal(v, ref["model"][k]), k
@@ -155,7 +157,7 @@ def test_unreadable_checkpoints_say_what_was_found(tmp_path):
     from verl.utils.fsdp_utils import build_optimizer
 
     model = tiny_model(seed=1)
-    mgr = FSDPCheckpointManager(model, build_optimizer(model.parameters(), {"lr": 1e-3}), None, None)
+    mgr = FSDPCheckpointManager(model, build_optimizer(model.parameters(), FSDPOptimizerConfig(lr=1e-3)), None, None)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         mgr.load_checkpoint(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()

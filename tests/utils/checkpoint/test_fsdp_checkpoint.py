@@ -20,12 +20,13 @@ BATCH_B = make_batch(4, 6, 5, seed=12)
 
 def _build(cfg, seed):
     from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
 
     model = tiny_model(seed=seed)
-    apply_fsdp2(model, cfg.fsdp_config)
-    optim = build_optimizer(model.parameters(), cfg.optim)
-    sched = build_lr_scheduler(optim, cfg.optim, total_steps=10)
+    typed = typed_actor_config(cfg)
+    apply_fsdp2(model, typed.fsdp_config)
+    optim = build_optimizer(model.parameters(), typed.optim)
+    sched = build_lr_scheduler(optim, typed.optim, total_steps=10)
     return model, optim, sched, DataParallelPPOActor(cfg, model, optim)
 
 
@@ -38,6 +39,7 @@ def _step(actor, sched, batch, rank):
 def _ckpt_worker(rank, world, root, cfg_dict):
     from omegaconf import OmegaConf
 
+    from verl.trainer.config_schema.engine import CheckpointConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
     from verl.utils.embedded import load_tokenizer
     from verl.utils.fsdp_utils import get_full_state_dict
@@ -46,7 +48,8 @@ def _ckpt_worker(rank, world, root, cfg_dict):
     tok = load_tokenizer()
     model, optim, sched, actor = _build(cfg, seed=3)
     mgr = FSDPCheckpointManager(model, optim, sched, tok,
-                                checkpoint_config={"save_contents": ["model", "optimizer", "extra", "hf_model"]})
+                                checkpoint_config=CheckpointConfig(save_contents=["model", "optimizer", "extra",
+                                                                                  "hf_model"]))
     _step(actor, sched, BATCH_A, rank)
     ckpt1 = os.path.join(root, "global_step_1", "actor")
     mgr.save_checkpoint(local_path=ckpt1, global_step=1, max_ckpt_to_keep=2)
@@ -127,13 +130,14 @@ def test_single_process_lora_checkpoint_merges(tmp_path):
     from verl.model_merger.base_model_merger import ModelMergerConfig
     from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
     from verl.utils.fsdp_utils import apply_lora, build_optimizer, get_full_state_dict
+    from verl.workers.config import FSDPOptimizerConfig
 
     model = apply_lora(tiny_model(seed=5), lora_rank=2, lora_alpha=4)
     with torch.no_grad():  # non-zero B so the merge matters
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)
-    optim = build_optimizer(model.parameters(), {"lr": 1e-3})
+    optim = build_optimizer(model.parameters(), FSDPOptimizerConfig(lr=1e-3))
     FSDPCheckpointManager(model, optim, None, None).save_checkpoint(local_path=str(tmp_path / "actor"), global_step=1)
     adapter = json.loads((tmp_path / "actor" / "lora_adapter" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (2, 4)

@@ -7,10 +7,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl.trainer.preference.dataset import (PreferenceDataError, PreferenceDataset,
+from verl.trainer.config_schema.spec import specs
+from verl.trainer.preference.dataset import (PreferenceDataError, PreferenceDataset, ResponseDataset,
                                                    UnpairedPreferenceDataset)
+from verl.utils.config import ConfigError
 from verl.utils.embedded import load_tokenizer
 from verl.utils.embedded.preferences import make_kto_rows, make_preference_rows, write_preference_files
+from verl.workers.config.data import PreferenceDataConfig
 
 CFG = OmegaConf.create({"max_prompt_length": 24, "max_response_length": 6})
 
@@ -140,3 +143,24 @@ def test_kto_pairs_layout_and_one_label_files_are_refused(tmp_path, tok):
     good_only = [r for r in make_kto_rows(pairs) if r["label"]]
     with pytest.raises(PreferenceDataError, match="every row has 'label' = true"):
         UnpairedPreferenceDataset(_write(tmp_path, good_only, "good.parquet"), tok, cfg)
+
+
+def test_partial_config_takes_the_schema_defaults_and_bad_values_name_the_key(tmp_path, tok):
+    """The column names and lengths a config leaves out are the schema's (the recipes' yamls extend
+    ppo_trainer.yaml's data section with the preference columns); a bad value is refused naming the key."""
+    schema = specs(PreferenceDataConfig)
+    path = _write(tmp_path, [{"prompt": "2+2=", "chosen": "4", "rejected": "5", "response": "4"}])
+    ds = PreferenceDataset(path, tok, {})
+    assert ds.keys == {"prompt": schema["prompt_key"].default, "chosen": schema["chosen_key"].default,
+                       "rejected": schema["rejected_key"].default}
+    assert (ds.enc.max_prompt_length, ds.enc.max_response_length) == (schema["max_prompt_length"].default,
+                                                                      schema["max_response_length"].default)
+    assert ds.enc.use_chat_template is schema["apply_chat_template"].default
+    assert ResponseDataset(path, tok, None).keys["response"] == schema["response_key"].default
+    assert len(PreferenceDataset(path, tok, {"val_files": None})) == 1  # the recipes run without a validation set
+    with pytest.raises(ConfigError, match=r"data\.max_response_length=0 must be an integer >= 1"):
+        PreferenceDataset(path, tok, {"max_response_length": 0})
+    with pytest.raises(ConfigError, match=r"data\.apply_chat_template='no' must be true or false"):
+        PreferenceDataset(path, tok, {"apply_chat_template": "no"})
+    with pytest.raises(ValueError, match=r"preference responses support error\|right"):  # narrower than RL's choices
+        PreferenceDataset(path, tok, {"truncation": "left"})

@@ -7,9 +7,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn, create_rl_dataset, get_dataset_class
+from verl.trainer.config_schema.spec import specs
+from verl.utils.config import ConfigError
+from verl.utils.dataset.rl_dataset import (RLHFDataset, collate_fn, create_rl_dataset, create_rl_sampler,
+                                           get_dataset_class)
 from verl.utils.embedded import load_tokenizer
 from verl.utils.embedded.arithmetic import make_rl_rows
+from verl.workers.config.data import DataConfig, as_data_config
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +250,35 @@ def test_filter_workers_keep_the_same_rows(tok, tmp_path):
     assert len(one) == 13
     assert one._origins == three._origins
     assert [one[i]["raw_prompt_ids"] for i in range(13)] == [three[i]["raw_prompt_ids"] for i in range(13)]
+
+
+def test_partial_config_takes_the_schema_defaults_and_bad_values_name_the_key(tok, arith_file):
+    """verl's research code builds RLHFDataset with a partial dict or DictConfig: every key it leaves out takes the
+    schema's default (the one place defaults live); a bad value is refused naming the key."""
+    schema = specs(DataConfig)
+    ds = RLHFDataset(arith_file, tok, {"prompt_key": "prompt"})
+    assert isinstance(ds.data_config, DataConfig) and ds.config == {"prompt_key": "prompt"}
+    for name in ("max_prompt_length", "truncation", "return_raw_chat", "return_full_prompt", "image_key"):
+        assert getattr(ds, name) == schema[name].default, name
+    assert ds[0]["input_ids"].shape == (schema["max_prompt_length"].default,)
+    assert ("raw_prompt" in ds[0]) == schema["return_raw_chat"].default
+    typed = as_data_config({"max_prompt_length": 96})
+    assert RLHFDataset(arith_file, tok, typed).data_config is typed  # a typed section passes through
+    with pytest.raises(ConfigError, match=r"data\.max_prompt_length=0 must be an integer >= 1"):
+        RLHFDataset(arith_file, tok, {"max_prompt_length": 0})
+    with pytest.raises(ConfigError, match=r"data\.return_raw_chat='yes' must be true or false"):
+        create_rl_dataset(arith_file, cfg(return_raw_chat="yes"), tok, None)
+    with pytest.raises(ConfigError, match=r"unknown key 'data\.sampler\.clas_path' \(did you mean"):
+        create_rl_sampler({"sampler": {"clas_path": "x.py"}}, ds)
+
+
+def test_keys_outside_the_schema_are_left_to_custom_classes(tok, arith_file):
+    """A verl script may set data keys of its own (read by its custom dataset): the typed section ignores them,
+    the dataset keeps the config as given."""
+    root = OmegaConf.create({"data": {"prompt_key": "prompt", "max_prompt_length": 64, "my_hint": "be brief",
+                                      "sampler": {"class_path": None, "class_name": None, "mine": 1}}})
+    ds = create_rl_dataset(arith_file, root.data, tok, None)
+    assert ds.config.my_hint == "be brief" and not hasattr(ds.data_config, "my_hint")
+    assert ds.max_prompt_length == 64 and len(list(create_rl_sampler(root.data, ds))) == len(ds)
+    with pytest.raises(ConfigError, match=r"data\.max_prompt_length=-1"):  # named by its path in the config
+        as_data_config(OmegaConf.merge(root, {"data": {"max_prompt_length": -1}}).data)

@@ -6,9 +6,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from verl.trainer.config_schema.spec import specs
+from verl.utils.config import ConfigError
 from verl.utils.dataset import MultiTurnSFTDataset, SFTDataset
 from verl.utils.embedded import load_tokenizer
 from verl.utils.embedded.arithmetic import make_sft_rows
+from verl.workers.config.data import SFTDataConfig
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +150,20 @@ def test_dict_keys_on_verl_gsm8k_layout(tok, tmp_path):
         SFTDataset(write(tmp_path / "g2.parquet", rows), tok, OmegaConf.merge(c, {"response_dict_keys": ["solution"]}))[0]
     with pytest.raises(ValueError, match=r"data.response_dict_keys=\[answer\]"):  # the dict itself is no response
         SFTDataset(write(tmp_path / "g3.parquet", rows), tok, OmegaConf.merge(c, {"response_dict_keys": None}))[0]
+
+
+def test_partial_config_takes_the_sft_schema_defaults(tok, tmp_path):
+    """A partial config takes sft_trainer.yaml's defaults for every key it leaves out; bad values name the key."""
+    schema = specs(SFTDataConfig)
+    rows = [{schema["prompt_key"].default: "2+2=", schema["response_key"].default: "4"}]
+    ds = SFTDataset(write(tmp_path / "d.parquet", rows), tok, {})
+    assert (ds.prompt_key, ds.response_key) == (schema["prompt_key"].default, schema["response_key"].default)
+    assert ds.max_length == schema["max_length"].default and ds[0]["input_ids"].shape == (ds.max_length,)
+    mt = MultiTurnSFTDataset(write(tmp_path / "m.parquet", [{"messages": [{"role": "user", "content": "hi"},
+                                                                         {"role": "assistant", "content": "yo"}]}]),
+                             tok, {"max_length": 64})
+    assert mt.messages_key == schema["multiturn.messages_key"].default == "messages"
+    with pytest.raises(ConfigError, match=r"data\.max_length=0 must be an integer >= 1"):
+        SFTDataset(write(tmp_path / "d.parquet", rows), tok, {"max_length": 0})
+    with pytest.raises(ConfigError, match=r"data\.multiturn\.tools_key='t' is not supported"):
+        MultiTurnSFTDataset(write(tmp_path / "d.parquet", rows), tok, {"multiturn": {"tools_key": "t"}})

@@ -13,7 +13,7 @@ from engine_testlib import actor_config, make_batch, run_distributed, tiny_model
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import build_optimizer, get_full_state_dict  # noqa: E402
-from verl.workers.actor.dp_actor import DataParallelPPOActor  # noqa: E402
+from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config  # noqa: E402
 
 TEMP = 0.7
 
@@ -124,7 +124,7 @@ def test_remove_padding_mode_choice(monkeypatch):
 
 def _plain_update(batch, cfg, steps_data):
     model = tiny_model(seed=2)
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     metrics = [actor.update_policy(DataProto.from_dict(copy.deepcopy(batch), meta_info={"temperature": TEMP}))
                for _ in range(steps_data)]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
@@ -137,8 +137,8 @@ def _fsdp_actor_worker(rank, world, out_dir, batch, cfg_dict):
 
     cfg = OmegaConf.create(cfg_dict)
     model = tiny_model(seed=2)
-    apply_fsdp2(model, cfg.fsdp_config)
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    apply_fsdp2(model, typed_actor_config(cfg).fsdp_config)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     per_rank = batch["input_ids"].shape[0] // world
     mine = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in batch.items()}
     data = DataProto.from_dict(mine, meta_info={"temperature": TEMP})
@@ -191,7 +191,7 @@ def test_bf16_path_runs():
     model = tiny_model(seed=0).to(torch.bfloat16)
     b = make_batch(4, 6, 5, seed=1)
     cfg = actor_config(use_remove_padding=True, entropy_coeff=0.01)
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     data = DataProto.from_dict(b, meta_info={"temperature": 1.0})
     lp, ent = actor.compute_log_prob(data, calculate_entropy=True)
     ref_lp, _ = hf_reference(tiny_model(seed=0), b, 1.0)
@@ -209,7 +209,7 @@ def test_nonfinite_grad_skips_step():
     b = make_batch(4, 6, 5, seed=1)
     b["advantages"][0, 0] = float("nan")
     cfg = actor_config()
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     metrics = actor.update_policy(DataProto.from_dict(b, meta_info={"temperature": 1.0}))
     assert not torch.isfinite(torch.tensor(metrics["actor/grad_norm"][0]))
@@ -224,7 +224,7 @@ def test_truncated_importance_sampling_is_opt_in():
     for name, cap in (("off", -1), ("cap1", 1.0), ("cap2", 2.0)):
         model = tiny_model(seed=3)
         cfg = actor_config(tis_imp_ratio_cap=cap, grad_clip=1e9, optim={"lr": 0.0})
-        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
         grads[name] = actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 1.0}))[
             "actor/grad_norm"][0]
     assert grads["cap1"] == pytest.approx(grads["off"], rel=1e-5)  # weight min(e, 1) = 1
@@ -244,7 +244,7 @@ def test_bypass_mode_reports_first_forward_log_probs(mode, monkeypatch):
     states = {}
     for bypass in (False, True):
         model = tiny_model(seed=5)
-        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
         before_lp, before_ent = actor.compute_log_prob(DataProto.from_dict(copy.deepcopy(b),
                                                                            meta_info={"temperature": TEMP}),
                                                        calculate_entropy=True)
@@ -286,7 +286,7 @@ def test_old_log_probs_from_the_update_forward_equal_the_trainer_pass(mode, monk
     states, metrics = {}, {}
     for source in ("trainer", "update"):
         model = tiny_model(seed=5)
-        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
         batch = copy.deepcopy(b)
         scored, _ = actor.compute_log_prob(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": TEMP}))
         if source == "trainer":
@@ -317,7 +317,7 @@ def test_old_log_probs_from_the_update_refuse_several_mini_batches():
     del b["old_log_probs"]
     cfg = actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4, ppo_epochs=1)
     model = tiny_model(seed=5)
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     with pytest.raises(ValueError, match="old_log_prob_source=update needs one update per batch"):
         actor.update_policy(DataProto.from_dict(b, meta_info={"temperature": TEMP, "old_log_probs_from_update": True}))
 
@@ -333,7 +333,7 @@ def test_gradient_checkpointing_epochs_and_shuffle():
         model = tiny_model(seed=3)
         if ckpt:
             enable_gradient_checkpointing(model)
-        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
         metrics = actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 1.0}))
         assert len(metrics["actor/grad_norm"]) == 4 and len(metrics["actor/pg_loss"]) == 8
         states.append(model.state_dict())
@@ -353,7 +353,7 @@ def test_entropy_checkpointing_makes_the_same_update(remove_padding, monkeypatch
         cfg = actor_config(ppo_mini_batch_size=4, entropy_coeff=0.05, entropy_checkpointing=ckpt,
                            use_remove_padding=remove_padding)
         model = tiny_model(seed=5)
-        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+        actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
         metrics = actor.update_policy(DataProto.from_dict(copy.deepcopy(b), meta_info={"temperature": 1.0}))
         assert bool(calls) == ckpt  # the entropy went through torch.utils.checkpoint only when asked
         states.append(model.state_dict())
@@ -372,8 +372,8 @@ def _lora_worker(rank, world, out_dir, batch, cfg_dict):
     model = apply_lora(tiny_model(seed=4), lora_rank=4, lora_alpha=8, target_modules="all-linear")
     trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
     frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    apply_fsdp2(model, cfg.fsdp_config)
-    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    apply_fsdp2(model, typed_actor_config(cfg).fsdp_config)
+    actor = DataParallelPPOActor(cfg, model, build_optimizer(model.parameters(), typed_actor_config(cfg).optim))
     data = DataProto.from_dict({k: v[rank * 2 : rank * 2 + 2] for k, v in batch.items()}, meta_info={"temperature": 1.0})
     actor.update_policy(data)
     merged = dict(iter_full_state_dict(model))

@@ -12,8 +12,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "actor"))
 from engine_testlib import make_batch, make_model_dir, run_distributed  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
 from verl.utils.fsdp_utils import build_optimizer  # noqa: E402
-from verl.workers.critic.dp_critic import DataParallelPPOCritic  # noqa: E402
+from verl.workers.config import FSDPEngineConfig  # noqa: E402
+from verl.workers.critic.dp_critic import DataParallelPPOCritic, typed_critic_config  # noqa: E402
 
 
 def critic_config(**kw):
@@ -66,7 +68,7 @@ def test_value_loss_clipping_reported(critic_dir):
     b = make_batch(4, 6, 4, seed=2)
     b["values"] = b["values"] + 5.0  # far from the predictions: the clipped branch is active
     cfg = critic_config(cliprange_value=0.1)
-    critic = DataParallelPPOCritic(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    critic = DataParallelPPOCritic(cfg, model, build_optimizer(model.parameters(), typed_critic_config(cfg).optim))
     m = critic.update_critic(DataProto.from_dict(b))
     assert set(m) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"}
     assert min(m["critic/vf_clipfrac"]) > 0.5 and len(m["critic/grad_norm"]) == 1
@@ -79,8 +81,8 @@ def _critic_worker(rank, world, out_dir, path, batch, cfg_dict):
 
     cfg = OmegaConf.create(cfg_dict)
     model = _critic(path)
-    apply_fsdp2(model, cfg.fsdp_config)
-    critic = DataParallelPPOCritic(cfg, model, build_optimizer(model.parameters(), cfg.optim))
+    apply_fsdp2(model, omega_conf_to_dataclass(cfg.fsdp_config, FSDPEngineConfig))
+    critic = DataParallelPPOCritic(cfg, model, build_optimizer(model.parameters(), typed_critic_config(cfg).optim))
     mine = {k: v[rank * 4 : rank * 4 + 4] for k, v in batch.items()}
     metrics = critic.update_critic(DataProto.from_dict(copy.deepcopy(mine)))
     state = get_full_state_dict(model)
@@ -96,7 +98,8 @@ def test_two_ranks_match_single_process(critic_dir, tmp_path):
     # lr 1e-3: Adam's first step is ~lr * sign(g), so fp32 round-off on near-zero gradients shows up as ~lr * 1e-3
     ref_cfg = critic_config(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=3, optim={"lr": 1e-3})
     ref_model = _critic(critic_dir)
-    ref = DataParallelPPOCritic(ref_cfg, ref_model, build_optimizer(ref_model.parameters(), ref_cfg.optim))
+    ref_optim = build_optimizer(ref_model.parameters(), typed_critic_config(ref_cfg).optim)
+    ref = DataParallelPPOCritic(ref_cfg, ref_model, ref_optim)
     ref_metrics = ref.update_critic(DataProto.from_dict(copy.deepcopy(batch)))
     cfg = critic_config(ppo_mini_batch_size=4, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=12,
                         model={"use_remove_padding": True}, optim={"lr": 1e-3})

@@ -151,7 +151,7 @@ def _two_rank_step(rank, world_size, out_dir, reduce_once):
     share = data[rank * 4:(rank + 1) * 4]  # this rank's rows
     from verl.utils.fsdp_utils import apply_fsdp2, get_full_state_dict
 
-    sharded = apply_fsdp2(copy.deepcopy(model), {}, None)
+    sharded = apply_fsdp2(copy.deepcopy(model))  # float64: no dtype cast
     engine = FSDPEngine(sharded, torch.optim.SGD(sharded.parameters(), lr=LR))
     engine.train_batch(share, mean_log_prob_loss("tokens"),
                        TrainSpec(mini_batch_size=4, micro=MicroBatchSpec(2), reduce_grads_once=reduce_once))

@@ -33,11 +33,12 @@ def _batch(seed: int) -> DataProto:
 
 
 def _engine(model_dir, tp, pp):
+    from verl.workers.config import FSDPOptimizerConfig
     from verl.workers.engine import get_engine_cls
 
     cfg = EngineConfig(model_path=model_dir, name="actor", strategy="megatron",
                        megatron={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp},
-                       optim={"lr": 1e-3, "weight_decay": 0.01}, grad_clip=1.0, total_training_steps=10)
+                       optim=FSDPOptimizerConfig(lr=1e-3, weight_decay=0.01), grad_clip=1.0, total_training_steps=10)
     return get_engine_cls("megatron").build(cfg)
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "actor"))
 from engine_testlib import actor_config, make_batch, make_model_dir, run_distributed  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
-from verl.workers.actor.dp_actor import DataParallelPPOActor  # noqa: E402
+from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config  # noqa: E402
 from verl.workers.engine import FSDPEngine  # noqa: E402
 from verl.workers.engine.config import EngineConfig  # noqa: E402
 from verl.workers.engine.config import actor_engine_config  # noqa: E402
@@ -48,7 +48,7 @@ def _megatron_rank(rank, world, model_dir, out_dir, tp, pp, overrides=None, entr
                               megatron={"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                                         "sequence_parallel": True, "use_mbridge": True,
                                         "override_transformer_config": dict(overrides or {})},
-                              optim=dict(cfg.optim), grad_clip=1.0, total_training_steps=10,
+                              optim=typed_actor_config(cfg).optim, grad_clip=1.0, total_training_steps=10,
                               fused_chunk_size=fused_chunk_size)
     engine = get_engine_cls("megatron").build(engine_cfg)
     actor = DataParallelPPOActor(config=cfg, engine=engine)

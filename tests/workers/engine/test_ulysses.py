@@ -22,6 +22,7 @@ from transformers import Qwen2ForTokenClassification  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2  # noqa: E402
 from verl.utils.ulysses import check_ulysses_size, init_ulysses_groups  # noqa: E402
+from verl.workers.config import FSDPEngineConfig  # noqa: E402
 from verl.workers.engine import FSDPEngine, MicroBatchSpec, TrainSpec  # noqa: E402
 
 LR = 0.05
@@ -54,7 +55,7 @@ def _reference(datas):
 def _sp_worker(rank, world, sp, out_dir):
     groups = init_ulysses_groups(sp)
     assert groups.sp_size == sp and groups.dp_size == world // sp
-    model = apply_fsdp2(tiny_model(seed=4), {"reshard_after_forward": True})
+    model = apply_fsdp2(tiny_model(seed=4), FSDPEngineConfig(dtype="fp32", reshard_after_forward=True))
     engine = FSDPEngine(model, torch.optim.SGD(model.parameters(), lr=LR), use_remove_padding=True,
                         ulysses=groups)
     assert engine.dp_size == world // sp
@@ -97,7 +98,7 @@ def _value_model():
 
 def _values_worker(rank, world, out_dir):
     groups = init_ulysses_groups(2)
-    engine = FSDPEngine(apply_fsdp2(_value_model(), {}), use_remove_padding=True, ulysses=groups)
+    engine = FSDPEngine(apply_fsdp2(_value_model()), use_remove_padding=True, ulysses=groups)
     values = engine.infer(_data(seed=3), ("values",), MicroBatchSpec(4))["values"]
     torch.save(values, os.path.join(out_dir, f"values{rank}.pt"))
 

@@ -93,6 +93,7 @@ def test_log_probs_match_transformers_and_do_not_depend_on_micro_batching(tmp_pa
 def test_freeze_vision_tower_keeps_the_encoder_and_trains_the_language_model(tmp_path, tiny_vlm_dir, parts):
     from verl.utils.fsdp_utils import build_optimizer
     from verl.utils.model import freeze_vision_tower, vision_tower
+    from verl.workers.config import FSDPOptimizerConfig
 
     _, tok, processor = parts
     model = load_causal_lm(tiny_vlm_dir)
@@ -101,7 +102,7 @@ def test_freeze_vision_tower_keeps_the_encoder_and_trains_the_language_model(tmp
     tower = vision_tower(model)
     assert frozen == len(list(tower.parameters())) > 0
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = build_optimizer(model.parameters(), {"lr": 1e-2})  # only what still requires grad
+    optimizer = build_optimizer(model.parameters(), FSDPOptimizerConfig(lr=1e-2))  # only what still requires grad
     _, lp = forward_log_probs(model, data.batch, use_remove_padding=True)
     lp.sum().backward()
     optimizer.step()

@@ -4,6 +4,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.spec import build, specs
 from verl.trainer.ppo.reward import compute_reward, get_custom_reward_fn, load_reward_manager
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import (BatchRewardManager, DAPORewardManager, NaiveRewardManager,
@@ -99,6 +101,20 @@ def test_load_reward_manager_importlib_source(char_tokenizer, tmp_path):
     cfg = make_config(reward_manager={"source": "importlib", "module": {"path": str(path)}})
     mgr = load_reward_manager(cfg, char_tokenizer, 0)
     assert type(mgr).__name__ == "custom_reward_manager" and isinstance(mgr, NaiveRewardManager)
+
+
+def test_keys_left_out_have_the_schema_defaults_and_a_typed_config_is_read_as_is(char_tokenizer, custom_file):
+    cfg = OmegaConf.create({"custom_reward_function": {"path": custom_file},
+                            "reward_model": {"reward_manager": "dapo"}})
+    mgr = load_reward_manager(cfg, char_tokenizer, 0)
+    defaults = specs(PPOTrainerConfig)
+    assert type(mgr) is DAPORewardManager and mgr.reward_fn_key == defaults["data.reward_fn_key"].default
+    assert mgr.max_resp_len == defaults["data.max_response_length"].default
+    assert mgr.compute_score.name == defaults["custom_reward_function.name"].default
+    typed = build(PPOTrainerConfig, make_config(reward_model={"reward_manager": "batch"},
+                                                custom_reward_function={"path": custom_file}))
+    assert type(load_reward_manager(typed, char_tokenizer, 0)) is BatchRewardManager
+    assert get_custom_reward_fn(typed)("any", "yes", "yes") == 1.0
 
 
 def test_dapo_kwargs_from_config(char_tokenizer):

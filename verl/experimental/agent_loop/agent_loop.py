@@ -35,8 +35,8 @@ import torch
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field
 
-from verl.utils.config import cfg_get
 from verl.utils.import_utils import load_module
+from verl.workers.config.data import as_data_config
 from verl.workers.config.rollout import as_rollout_config
 from verl.workers.rollout.async_server import AsyncRolloutServer, TokenOutput
 from verl.workers.rollout.utils import sampling_params_for
@@ -161,7 +161,8 @@ class AgentLoopBase(ABC):
         self.rollout_config = as_rollout_config(self.config.actor_rollout_ref.rollout)
         self.prompt_length = self.rollout_config.prompt_length
         self.response_length = self.rollout_config.response_length
-        self.apply_chat_template_kwargs = dict(cfg_get(dataset_config, "apply_chat_template_kwargs", {}) or {})
+        # verl passes the ``data`` section (None: every key at its default)
+        self.apply_chat_template_kwargs = dict(as_data_config(dataset_config).apply_chat_template_kwargs)
 
     def apply_chat_template(self, messages: list[dict], tools: Optional[list[dict]] = None,
                             add_generation_prompt: bool = True) -> list[int]:

@@ -7,7 +7,7 @@ import logging
 from verl.interactions.utils.interaction_registry import InteractionConfigError, check_interaction_config
 from verl.tools.utils.tool_registry import ToolConfigError, check_tool_config
 from verl.utils.config import ConfigError
-from verl.utils.config import cfg_get
+from verl.workers.config.rollout import as_rollout_config
 
 from .agent_loop import AGENT_LOOP_REGISTRY, load_agent_loop_config
 from .tool_parser import ToolParser
@@ -19,7 +19,8 @@ AR = "actor_rollout_ref.rollout"
 
 
 def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
-    """Raise ConfigError (naming the key) for a multi-turn setup that cannot run.
+    """Raise ConfigError (naming the key) for a multi-turn setup that cannot run. ``rollout_config`` is the
+    ``actor_rollout_ref.rollout`` section, typed (``RolloutConfig``) or as the yaml gives it.
 
     * ``multi_turn.enable`` / ``tool_config_path`` / ``agent.agent_loop_config_path`` need ``mode=async``;
     * the tool config must load and every ``class_name`` must import as a ``BaseTool`` subclass (interactions:
@@ -28,13 +29,10 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
     * loops with a ``check_kwargs(kwargs, where)`` classmethod (the adapters that load a user file) check their
       agent-loop config entry (the default loop with no entry is checked with no kwargs).
     """
-    mode = str(cfg_get(rollout_config, "mode", "async"))
-    mt = cfg_get(rollout_config, "multi_turn", {})
-    agent = cfg_get(rollout_config, "agent", {})
-    enable = bool(cfg_get(mt, "enable", False))
-    tool_path = cfg_get(mt, "tool_config_path", None)
-    loops_path = cfg_get(agent, "agent_loop_config_path", None)
-    interaction_path = cfg_get(mt, "interaction_config_path", None)
+    rollout = as_rollout_config(rollout_config)
+    mode, mt, agent = rollout.mode, rollout.multi_turn, rollout.agent
+    enable, tool_path, interaction_path = mt.enable, mt.tool_config_path, mt.interaction_config_path
+    loops_path = agent.agent_loop_config_path
     if mode != "async":
         for key, value in ((f"{AR}.multi_turn.enable", enable), (f"{AR}.multi_turn.tool_config_path", tool_path),
                            (f"{AR}.multi_turn.interaction_config_path", interaction_path),
@@ -43,8 +41,7 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
                 raise ConfigError(f"{key} is set but {AR}.mode={mode}: multi-turn rollouts run in the agent loop; "
                                   f"set {AR}.mode=async")
         return
-    name = str(cfg_get(rollout_config, "name", "hf"))
-    if name == "sglang":
+    if rollout.name == "sglang":
         raise ConfigError(f"{AR}.mode=async: the sglang rollout has no request-level API here; set {AR}.mode=sync "
                           f"or {AR}.name=vllm")
     if enable and not tool_path:
@@ -60,7 +57,7 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
         except (FileNotFoundError, ValueError, ImportError, AttributeError) as exc:
             raise ConfigError(str(exc)) from None
         known |= set(loop_kwargs)
-    default = str(cfg_get(agent, "default_agent_loop", "single_turn_agent"))
+    default = agent.default_agent_loop
     if default not in known:
         raise ConfigError(f"{AR}.agent.default_agent_loop={default!r} is not a registered agent loop; use one of "
                           f"{sorted(known)} or list it in {AR}.agent.agent_loop_config_path")
@@ -77,9 +74,8 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
             check(dict(kwargs), where)
         except (ValueError, FileNotFoundError, ImportError) as exc:
             raise ConfigError(str(exc)) from None
-    fmt = str(cfg_get(mt, "format", "hermes"))
     try:
-        ToolParser.get_tool_parser(fmt, None)
+        ToolParser.get_tool_parser(mt.format, None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if tool_path:

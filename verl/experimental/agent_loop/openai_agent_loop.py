@@ -32,8 +32,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from verl.utils.config import cfg_get
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.import_utils import load_module
+from verl.workers.config.model import HFModelConfig
 
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from .openai_endpoint import ChatSession, get_loopback_server
@@ -105,7 +106,8 @@ class OpenAIAgentLoop(AgentLoopBase):
         self.agent_func = load_agent_func(agent_func_path, self.agent_func_name)
         self.request_timeout = float(request_timeout)
         self.tool_parser = ToolParser.get_tool_parser(self.rollout_config.multi_turn.format, tokenizer)
-        model_path = str(cfg_get(cfg_get(self.config.actor_rollout_ref, "model", None), "path", "policy"))
+        model = omega_conf_to_dataclass(self.config.actor_rollout_ref.model, HFModelConfig)
+        model_path = str(model.path)
         self.model_name = model_path.rstrip("/").rsplit("/", 1)[-1] or "policy"
         self.endpoint = get_loopback_server()
 

@@ -17,29 +17,51 @@ from functools import partial
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.spec import Section, build, key, section
 from verl.trainer.main_ppo import TaskRunner, config_error_exit, precheck_cli, run_ppo
 from verl.trainer.preference.driver import quiet_searchpath_warning
 from verl.utils.config import ConfigError
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 CONFIG_NAME = "one_step_off_ppo_trainer"
+HERE = "verl/experimental/one_step_off_policy/main_ppo.py"
 
 
 @dataclass(frozen=True)
-class RolloutPool:
-    nnodes: int
-    n_gpus_per_node: int
-    overlap: bool = True
+class RolloutPool(Section):
+    """The top-level ``rollout`` section of this mode's yaml: the rollout's own pool of processes."""
+
+    nnodes: int = key(1, "rollout pool: nodes", ge=1, read_in=(HERE,))
+    n_gpus_per_node: int = key(1, "rollout pool: processes per node (on CPU a 'gpu' is a worker process)", ge=1,
+                               read_in=(HERE,))
+    overlap: bool = key(True, "generate the next batch while the current one trains (false: synchronous, on the "
+                              "same two pools)", read_in=(HERE,))
 
     @property
     def spec(self) -> list[int]:
         return [self.n_gpus_per_node] * self.nnodes
 
 
-def _positive_int(config: DictConfig, key: str) -> int:
-    value = OmegaConf.select(config, key, default=None)
+@dataclass(frozen=True)
+class OneStepOffConfig(PPOTrainerConfig):
+    """``one_step_off_ppo_trainer.yaml``, typed: the PPO trainer's config plus the rollout pool."""
+
+    rollout: RolloutPool = section(RolloutPool)
+
+
+def typed_one_step_off_config(config: DictConfig) -> OneStepOffConfig:
+    """``config`` typed once (keys it leaves out take the schema's defaults)."""
+    try:
+        return build(OneStepOffConfig, config)
+    except OmegaConfBaseException as e:  # a broken interpolation such as ${trainer.nonexistent}
+        raise ConfigError(f"config interpolation failed: {e}") from None
+
+
+def _positive_int(key: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{key}={value!r} must be a positive integer")
     return value
@@ -51,28 +73,30 @@ def _devices_per_node(device: str) -> int:
     return os.cpu_count() or 1
 
 
-def check_one_step_off_config(config: DictConfig) -> RolloutPool:
-    """This mode's rules, before anything starts; returns the rollout pool. Raises :class:`ConfigError`."""
-    if OmegaConf.select(config, "actor_rollout_ref.hybrid_engine", default=True):
+def check_one_step_off_config(config: DictConfig, typed: OneStepOffConfig | None = None) -> RolloutPool:
+    """This mode's rules, before anything starts; returns the rollout pool. Raises :class:`ConfigError`.
+    ``typed``: ``config`` already typed (:func:`typed_one_step_off_config`)."""
+    typed = typed if typed is not None else typed_one_step_off_config(config)
+    arr, trainer, pool = typed.actor_rollout_ref, typed.trainer, typed.rollout
+    if arr.hybrid_engine:
         raise ConfigError("actor_rollout_ref.hybrid_engine=True: one-step-off-policy training runs the rollout on "
                           "its own pool (rollout.n_gpus_per_node processes); set actor_rollout_ref.hybrid_engine="
                           "False, or train with python -m verl.trainer.main_ppo for the colocated hybrid engine")
-    strategy = OmegaConf.select(config, "actor_rollout_ref.actor.strategy")
+    strategy = arr.actor.strategy
     if strategy not in ("fsdp", "fsdp2"):
         raise ConfigError(f"actor_rollout_ref.actor.strategy={strategy!r}: one-step-off-policy training supports "
                           "fsdp and fsdp2")
-    if OmegaConf.select(config, "algorithm.adv_estimator") == "remax":
+    if typed.algorithm.adv_estimator == "remax":
         raise ConfigError("algorithm.adv_estimator=remax needs a greedy generation with the current weights every "
                           "step, which a one-step-off rollout cannot give; use grpo, rloo or gae")
-    overlap = OmegaConf.select(config, "rollout.overlap", default=True)
-    if not isinstance(overlap, bool):
-        raise ConfigError(f"rollout.overlap={overlap!r} must be true or false")
-    pool = RolloutPool(_positive_int(config, "rollout.nnodes"), _positive_int(config, "rollout.n_gpus_per_node"),
-                       overlap)
-    trainer_nodes = _positive_int(config, "trainer.nnodes")
-    trainer_per_node = _positive_int(config, "trainer.n_gpus_per_node")
+    if not isinstance(pool.overlap, bool):
+        raise ConfigError(f"rollout.overlap={pool.overlap!r} must be true or false")
+    _positive_int("rollout.nnodes", pool.nnodes)
+    _positive_int("rollout.n_gpus_per_node", pool.n_gpus_per_node)
+    trainer_nodes = _positive_int("trainer.nnodes", trainer.nnodes)
+    trainer_per_node = _positive_int("trainer.n_gpus_per_node", trainer.n_gpus_per_node)
     if pool.nnodes == 1 and trainer_nodes == 1:
-        device = str(OmegaConf.select(config, "trainer.device", default="auto"))
+        device = str(trainer.device)
         device = "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
         have = _devices_per_node(device)
         unit = "GPUs" if device == "cuda" else "CPU cores (a CPU 'gpu' is a worker process)"
@@ -83,20 +107,21 @@ def check_one_step_off_config(config: DictConfig) -> RolloutPool:
     return pool
 
 
-def shared_ppo_config(config: DictConfig) -> DictConfig:
+def shared_ppo_config(config: DictConfig, typed: OneStepOffConfig | None = None) -> DictConfig:
     """The config the PPO trainer's own validation and workers see: the top-level ``rollout`` pool is removed
     (it sizes the extra pool, passed separately), ``hybrid_engine`` and ``rollout.calculate_log_probs`` are put
     back to the values the shared schema describes (the colocated default; the engine's log-probs are always
-    returned), and Ray gets a CPU slot for every process of both pools."""
+    returned), and Ray gets a CPU slot for every process of both pools. ``typed``: ``config`` already typed."""
+    typed = typed if typed is not None else typed_one_step_off_config(config)
     out = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
-    pool_procs = int(config.rollout.nnodes) * int(config.rollout.n_gpus_per_node)
+    pool_procs = int(typed.rollout.nnodes) * int(typed.rollout.n_gpus_per_node)
     with open_dict(out):
         del out["rollout"]
         out.actor_rollout_ref.hybrid_engine = True
         out.actor_rollout_ref.rollout.calculate_log_probs = False
         out.actor_rollout_ref.rollout.free_cache_engine = True
-        if OmegaConf.select(out, "ray_init.num_cpus", default=None) is None:
-            trainer_procs = int(out.trainer.nnodes) * int(out.trainer.n_gpus_per_node)
+        if typed.ray_init.num_cpus is None:
+            trainer_procs = int(typed.trainer.nnodes) * int(typed.trainer.n_gpus_per_node)
             out.ray_init.num_cpus = max(os.cpu_count() or 1, trainer_procs + pool_procs + 1)
     return out
 
@@ -119,10 +144,11 @@ def runner_for(pool: RolloutPool) -> type:
 @hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base=None)
 def main(config: DictConfig) -> None:
     try:
-        pool = check_one_step_off_config(config)
+        typed = typed_one_step_off_config(config)
+        pool = check_one_step_off_config(config, typed)
     except ConfigError as e:
         config_error_exit(e)
-    run_ppo(shared_ppo_config(config), task_runner_class=runner_for(pool))
+    run_ppo(shared_ppo_config(config, typed), task_runner_class=runner_for(pool))
 
 
 if __name__ == "__main__":

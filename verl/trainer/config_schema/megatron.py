@@ -4,12 +4,14 @@ the settings the engine refuses come from ``verl.models.mcore.settings``."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
-
-from omegaconf import OmegaConf
+from operator import attrgetter
 
 from verl.models.mcore.settings import check_megatron_settings, optimizer_overrides, transformer_overrides
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.spec import build
 from verl.utils.config import ConfigError
 from verl.utils.device import get_device_name
 
@@ -21,15 +23,14 @@ MEGATRON_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_s
                      "expert_model_parallel_size": 1}
 
 
-def _get(config, key, default=None):
-    value = OmegaConf.select(config, key, default=default)
-    return default if value is None else value
-
-
-def _plain(node) -> dict:
-    if node is None:
+def _section_dict(section) -> dict:
+    """A typed ``megatron`` / ``override_*`` section as the plain mapping the settings checks take (a section
+    written as null: empty)."""
+    if section is None:
         return {}
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    if dataclasses.is_dataclass(section):
+        return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    return dict(section)
 
 
 def _sizes(meg: dict) -> tuple[int, int]:
@@ -42,15 +43,18 @@ def _hf_config(path: str, trust: bool):
     return AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust)
 
 
-def check_megatron_config(config, check_files: bool = True) -> None:
+def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerConfig | None = None) -> None:
     """Megatron keys only with strategy=megatron; sizes that divide the processes, heads and layers; a
-    supported architecture; one parallel grid per worker group; no LoRA / Megatron reward model."""
-    roles = [(f"{AR}.actor", f"{AR}.model.path"), (f"{AR}.ref", f"{AR}.model.path"), ("critic", "critic.model.path")]
-    actor_megatron = _get(config, f"{AR}.actor.strategy") == "megatron"
-    n_procs = int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1))
-    for prefix, path_key in roles:
-        strategy = _get(config, f"{prefix}.strategy")
-        meg = _plain(OmegaConf.select(config, f"{prefix}.megatron"))
+    supported architecture; one parallel grid per worker group; no LoRA / Megatron reward model. ``typed``: the
+    config's typed view, when the caller has built it."""
+    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    ar = typed.actor_rollout_ref
+    roles = [(f"{AR}.actor", ar.actor, f"{AR}.model.path"), (f"{AR}.ref", ar.ref, f"{AR}.model.path"),
+             ("critic", typed.critic, "critic.model.path")]
+    actor_megatron = ar.actor.strategy == "megatron"
+    for prefix, role, path_key in roles:
+        strategy = role.strategy
+        meg = _section_dict(role.megatron)
         if strategy != "megatron":
             for k, default in MEGATRON_DEFAULTS.items():
                 if k in meg and meg[k] != default:
@@ -58,9 +62,9 @@ def check_megatron_config(config, check_files: bool = True) -> None:
                                       f"{prefix}.strategy={strategy!r}; set {prefix}.strategy=megatron or remove "
                                       "the megatron keys")
             continue
-        if prefix == "critic" and not _critic_used(config):
+        if prefix == "critic" and not _critic_used(typed):
             continue
-        if prefix == f"{AR}.ref" and not _ref_used(config):
+        if prefix == f"{AR}.ref" and not _ref_used(typed):
             continue
         if not actor_megatron:
             raise ConfigError(f"{prefix}.strategy=megatron needs {AR}.actor.strategy=megatron too (the worker "
@@ -68,45 +72,46 @@ def check_megatron_config(config, check_files: bool = True) -> None:
         if importlib.util.find_spec("megatron") is None:
             raise ConfigError(f"{prefix}.strategy=megatron needs megatron-core, which is not installed: "
                               f"`pip install .[mcore]` (or megatron-core 0.16), or set {prefix}.strategy=fsdp")
-        if int(_get(config, f"{AR}.model.lora_rank", 0) or 0) > 0 and prefix != "critic":
+        if int(ar.model.lora_rank or 0) > 0 and prefix != "critic":
             raise ConfigError(f"{AR}.model.lora_rank > 0 is not available with strategy=megatron; use fsdp for LoRA")
-        if _get(config, f"{AR}.model.share_prompt_prefix") is True and prefix != "critic":
+        if ar.model.share_prompt_prefix is True and prefix != "critic":
             raise ConfigError(f"{AR}.model.share_prompt_prefix=true is not available with strategy=megatron (the "
                               "packed prompt rows are an FSDP engine path); set it to false")
         on_cpu = get_device_name() == "cpu"
         try:
             transformer_overrides(meg, f"{prefix}.megatron", on_cpu)
-            if OmegaConf.select(config, f"{prefix}.optim") is not None:
-                optimizer_overrides(_plain(OmegaConf.select(config, f"{prefix}.optim.override_optimizer_config")),
+            optim = getattr(role, "optim", None)  # the reference has no optimizer
+            if optim is not None:
+                optimizer_overrides(_section_dict(optim.override_optimizer_config),
                                     f"{prefix}.optim.override_optimizer_config", on_cpu)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         tp, pp = _sizes(meg)
+        n_procs = int(typed.trainer.n_gpus_per_node) * int(typed.trainer.nnodes)
         if n_procs % (tp * pp):
             raise ConfigError(f"{prefix}.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = "
                               f"{tp} * {pp} must divide trainer.n_gpus_per_node * trainer.nnodes = {n_procs}")
-        path = _get(config, path_key)
+        path = attrgetter(path_key)(typed)
         if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
-            trust = bool(_get(config, f"{AR}.model.trust_remote_code", False))
+            trust = bool(ar.model.trust_remote_code)
             try:
                 check_megatron_settings(meg, _hf_config(str(path), trust), f"{prefix}.megatron", on_cpu=on_cpu)
             except ValueError as e:
                 raise ConfigError(f"{e} (model {path_key}={path})") from None
-    if actor_megatron and _ref_used(config) and _get(config, f"{AR}.ref.strategy") == "megatron":
-        a, r = _sizes(_plain(OmegaConf.select(config, f"{AR}.actor.megatron"))), \
-            _sizes(_plain(OmegaConf.select(config, f"{AR}.ref.megatron")))
+    if actor_megatron and _ref_used(typed) and ar.ref.strategy == "megatron":
+        a, r = _sizes(_section_dict(ar.actor.megatron)), _sizes(_section_dict(ar.ref.megatron))
         if a != r:
             raise ConfigError(f"{AR}.ref.megatron (tp, pp) = {r} differs from {AR}.actor.megatron {a}: the reference "
                               "shares the actor's processes; use the same sizes")
-    if _get(config, "reward_model.enable", False) and _get(config, "reward_model.strategy") == "megatron":
+    if typed.reward_model.enable and typed.reward_model.strategy == "megatron":
         raise ConfigError("reward_model.strategy=megatron is not available (sequence-classification heads); set "
                           "reward_model.strategy=fsdp")
 
 
-def _critic_used(config) -> bool:
-    enable = _get(config, "critic.enable")
-    return bool(enable) if enable is not None else _get(config, "algorithm.adv_estimator") == "gae"
+def _critic_used(typed: PPOTrainerConfig) -> bool:
+    enable = typed.critic.enable
+    return bool(enable) if enable is not None else typed.algorithm.adv_estimator == "gae"
 
 
-def _ref_used(config) -> bool:
-    return bool(_get(config, "algorithm.use_kl_in_reward", False) or _get(config, f"{AR}.actor.use_kl_loss", False))
+def _ref_used(typed: PPOTrainerConfig) -> bool:
+    return bool(typed.algorithm.use_kl_in_reward or typed.actor_rollout_ref.actor.use_kl_loss)

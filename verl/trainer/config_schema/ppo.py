@@ -25,6 +25,8 @@ BYPASS_LOSS_TYPES = ("ppo_clip", "reinforce")  # verl.trainer.ppo.rollout_corr.B
 REWEIGHT_METHODS = ("pow", "max_min", "max_random")  # verl.trainer.ppo.pf_ppo.REWEIGHT_METHODS (same)
 NO_MULTIMODAL = "videos are not supported (images are: data.image_key); leave the default"
 NO_RS = "rejection sampling is not available; leave it null"
+DAPO_REWARD = "verl/workers/reward_manager/dapo.py"
+PREFERENCE_DATA = "verl/trainer/preference/dataset.py"  # the preference recipes' datasets
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,24 @@ class DataConfig(Section):
                                        optional=True)
     custom_cls: CustomCls = section(CustomCls)
     sampler: Sampler = section(Sampler)
+
+
+@dataclass(frozen=True)
+class PreferenceColumns(Section):
+    """The keys the preference recipes (``recipe/dpo``, ``recipe/reward_model``, ``recipe/spin``, ...) add to the
+    ``data`` section of ``ppo_trainer.yaml``, which their yamls extend: the columns of preference rows and how
+    their prompts are rendered."""
+
+    chosen_key: str = key("chosen", "column of the preferred response (paired rows)", read_in=(PREFERENCE_DATA,))
+    rejected_key: str = key("rejected", "column of the other response (paired rows)", read_in=(PREFERENCE_DATA,))
+    completion_key: str = key("completion", "column of the completion (unpaired rows, KTO)",
+                              read_in=(PREFERENCE_DATA,))
+    label_key: str = key("label", "column of the label, true = desirable (unpaired rows, KTO)",
+                         read_in=(PREFERENCE_DATA,))
+    response_key: str = key("response", "column of the target response (self-play rows, SPIN)",
+                            read_in=(PREFERENCE_DATA,))
+    apply_chat_template: bool = key(True, "render a string prompt as one user turn with the chat template (false: "
+                                    "the string as it is)", read_in=(PREFERENCE_DATA,))
 
 
 @dataclass(frozen=True)
@@ -182,6 +202,19 @@ class FilterGroupsConfig(Section):
                                 choices=(None, "acc", "score", "seq_reward", "seq_final_reward"))
     max_num_gen_batches: int = key(0, "generation rounds per step before stopping with an error (<= 0: no limit)",
                                    read_in=(DAPO,))
+
+
+@dataclass(frozen=True)
+class OverlongBufferConfig(Section):
+    """DAPO's soft overlong punishment, read by the ``dapo`` reward manager: ``reward_model.overlong_buffer``
+    (recipe/dapo's yaml) or verl's ``reward_model.reward_kwargs.overlong_buffer_cfg``."""
+
+    enable: bool = key(False, "penalise responses that reach into the last `len` tokens before the maximum length",
+                       read_in=(DAPO_REWARD,))
+    len: int = key(0, "tokens before data.max_response_length over which the penalty ramps up", ge=0,
+                   read_in=(DAPO_REWARD,))
+    penalty_factor: float = key(0.0, "the penalty at the maximum length", ge=0, read_in=(DAPO_REWARD,))
+    log: bool = key(False, "report overlong_reward and overlong per sample", read_in=(DAPO_REWARD,))
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,26 @@ key, the file (and row) and what would work. Nothing is imported from the user's
   are directories or can be created, and are writable; with ``trainer.resume_mode=resume_path``,
   ``trainer.resume_from_path`` is a checkpoint directory holding the actor's state (and the critic's when a
   critic trains).
+
+The checks read the config's typed view (the schema's frozen classes, so a key the yaml leaves out has the
+schema's default), built once per call of :func:`check_run_files` or passed in by the validator, which has it.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+from operator import attrgetter
 from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.spec import build
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import kept_rows
 from verl.utils.reward_score import get_score_fn, supported_data_sources
@@ -50,8 +56,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 TOKENIZER_SUFFIXES = (".tiktoken", ".model", ".spm")
 
 
-def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    return OmegaConf.select(cfg, key, default=default)
+def _typed(config: DictConfig, typed: Optional[PPOTrainerConfig]) -> PPOTrainerConfig:
+    return typed if typed is not None else build(PPOTrainerConfig, config)
 
 
 def _paths(value: Any) -> list[str]:
@@ -61,12 +67,14 @@ def _paths(value: Any) -> list[str]:
     return [os.path.expanduser(str(v)) for v in values]
 
 
-def check_run_files(config: DictConfig, use_critic: bool) -> None:
-    """Every check of this module, in the order a run would meet the problems."""
-    check_tokenizer(config)
-    check_user_code(config)
-    check_data(config)
-    check_output_dirs(config, use_critic)
+def check_run_files(config: DictConfig, use_critic: bool, typed: Optional[PPOTrainerConfig] = None) -> None:
+    """Every check of this module, in the order a run would meet the problems. ``typed``: the config's typed view,
+    when the caller has built it (each check below takes it the same way)."""
+    typed = _typed(config, typed)
+    check_tokenizer(config, typed=typed)
+    check_user_code(config, typed=typed)
+    check_data(config, typed=typed)
+    check_output_dirs(config, use_critic, typed=typed)
 
 
 # ------------------------------------------------------------------------------------------------- data
@@ -93,11 +101,11 @@ class _DataFile:
         return f"{self.key}: row {row} of {self.path}"
 
 
-def _kept(config: DictConfig, files: list[_DataFile], max_samples_key: str) -> list[Optional[np.ndarray]]:
-    """Per file, the row numbers the dataset keeps under ``data.*_max_samples`` (None: every row)."""
-    seed = _get(config, "data.seed")  # null: the dataset's default, 1
-    keep = kept_rows(sum(f.num_rows for f in files), int(_get(config, max_samples_key, -1) or -1),
-                     bool(_get(config, "data.shuffle", False)), 1 if seed is None else int(seed))
+def _kept(data, files: list[_DataFile], max_samples: int) -> list[Optional[np.ndarray]]:
+    """Per file, the row numbers the dataset keeps under ``data.*_max_samples`` (None: every row); ``data``: the
+    typed ``data`` section."""
+    seed = 1 if data.seed is None else data.seed  # as the dataset reads data.seed: null means 1
+    keep = kept_rows(sum(f.num_rows for f in files), max_samples, data.shuffle, seed)
     if keep is None:
         return [None] * len(files)
     out, start = [], 0
@@ -115,20 +123,18 @@ def _first(bad: np.ndarray, keep: Optional[np.ndarray]) -> Optional[int]:
     return int(rows[0]) if len(rows) else None
 
 
-def _reward_reads_rows(config: DictConfig, f: _DataFile) -> bool:
+def _reward_reads_rows(typed: PPOTrainerConfig, f: _DataFile) -> bool:
     """True when the rule-based reward manager scores this file's rows from their own fields."""
-    if _get(config, "reward_model.enable"):
+    if typed.reward_model.enable:
         return False  # the reward model's scores pass through the manager
-    if _get(config, "reward_manager.source", "register") != "register":
+    if typed.reward_manager.source != "register":
         return False  # the user's own manager reads what it reads
-    names = {_get(config, "reward_manager.name"), _get(config, "reward_model.reward_manager")} - {None}
+    names = {typed.reward_manager.name, typed.reward_model.reward_manager} - {None}
     if not names <= set(BUILTIN_REWARD_MANAGERS):
         return False
-    rollout = f"{AR}.rollout"
-    agentic = (_get(config, f"{rollout}.multi_turn.enable")
-               or _get(config, f"{rollout}.multi_turn.interaction_config_path")
-               or _get(config, f"{rollout}.agent.agent_loop_config_path")
-               or _get(config, f"{rollout}.agent.default_agent_loop", "single_turn_agent") != "single_turn_agent")
+    rollout = typed.actor_rollout_ref.rollout
+    agentic = (rollout.multi_turn.enable or rollout.multi_turn.interaction_config_path
+               or rollout.agent.agent_loop_config_path or rollout.agent.default_agent_loop != "single_turn_agent")
     return not agentic and "agent_name" not in f.columns  # an agent loop may return its own reward
 
 
@@ -143,9 +149,9 @@ def _missing_ground_truth(col: pa.ChunkedArray) -> np.ndarray:
     return np.array([not (isinstance(v, dict) and v.get("ground_truth") is not None) for v in col.to_pylist()])
 
 
-def _check_reward_fields(config: DictConfig, f: _DataFile, keep: Optional[np.ndarray]) -> None:
-    fn_key = str(_get(config, "data.reward_fn_key", "data_source"))
-    builtin_scorer = not _get(config, "custom_reward_function.path")
+def _check_reward_fields(typed: PPOTrainerConfig, f: _DataFile, keep: Optional[np.ndarray]) -> None:
+    fn_key = str(typed.data.reward_fn_key)
+    builtin_scorer = not typed.custom_reward_function.path
     if fn_key not in f.columns:
         raise ConfigError(
             f"{f.key}: {f.path} has no column {fn_key!r} (data.reward_fn_key), which the reward manager reads from "
@@ -164,7 +170,7 @@ def _check_reward_fields(config: DictConfig, f: _DataFile, keep: Optional[np.nda
             f"{f.where(row)} has no reward_model.ground_truth: the built-in reward compares each response with it. "
             "Add reward_model.ground_truth to every row, or score with your own function: "
             "custom_reward_function.path=<file.py> (ground_truth is None for such rows)")
-    if _get(config, f"{AR}.model.external_lib"):
+    if typed.actor_rollout_ref.model.external_lib:
         return  # the library may register scorers for more data sources
     sources = f.column(fn_key).to_pylist()
     unknown = {s for s in set(map(str, sources)) if get_score_fn(s) is None}
@@ -177,42 +183,44 @@ def _check_reward_fields(config: DictConfig, f: _DataFile, keep: Optional[np.nda
             "ground_truth, extra_info=None), or register one with verl.utils.reward_score.register_score_fn")
 
 
-def check_data(config: DictConfig) -> None:
+def check_data(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> None:
     """Readable files with rows, the prompt column, enough training rows, and the reward fields (module doc)."""
-    if _get(config, "data.custom_cls.path"):
+    typed = _typed(config, typed)
+    data = typed.data
+    if data.custom_cls.path:
         return  # the user's dataset class reads the files its own way
-    prompt_key = str(_get(config, "data.prompt_key", "prompt"))
-    for key, max_samples_key in (("data.train_files", "data.train_max_samples"),
-                                 ("data.val_files", "data.val_max_samples")):
-        files = [_DataFile(key, p) for p in _paths(_get(config, key))]
+    prompt_key = str(data.prompt_key)
+    for key, files_value, max_samples in (("data.train_files", data.train_files, data.train_max_samples),
+                                          ("data.val_files", data.val_files, data.val_max_samples)):
+        files = [_DataFile(key, p) for p in _paths(files_value)]
         for f in files:
             if prompt_key not in f.columns:
                 raise ConfigError(
                     f"{key}: {f.path} has no column {prompt_key!r} (data.prompt_key); its columns are "
                     f"{sorted(f.columns)}. Set data.prompt_key to the column holding the chat prompt")
-        kept = _kept(config, files, max_samples_key)
+        kept = _kept(data, files, max_samples)
         if key == "data.train_files":
             rows = sum(f.num_rows if k is None else len(k) for f, k in zip(files, kept))
-            batch = int(_get(config, "data.train_batch_size"))
+            batch = int(data.train_batch_size)
             if rows < batch:
                 where = ", ".join(f.path for f in files)
-                limit = int(_get(config, max_samples_key, -1) or -1)
-                kept_by = f" (data.train_max_samples={limit})" if 0 < limit else ""
+                kept_by = f" (data.train_max_samples={max_samples})" if 0 < max_samples else ""
                 raise ConfigError(
                     f"data.train_files: {rows} training rows{kept_by} in {where}, fewer than "
                     f"data.train_batch_size={batch}: not one full batch. Lower data.train_batch_size to at most "
                     f"{rows} or add rows")
         for f, keep in zip(files, kept):
-            if _reward_reads_rows(config, f):
-                _check_reward_fields(config, f, keep)
+            if _reward_reads_rows(typed, f):
+                _check_reward_fields(typed, f, keep)
 
 
 # -------------------------------------------------------------------------------------------- tokenizer
 
-def check_tokenizer(config: DictConfig) -> None:
+def check_tokenizer(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> None:
     """The actor's tokenizer directory holds tokenizer files (a hub id or cached model is not checked)."""
-    key = f"{AR}.model.tokenizer_path" if _get(config, f"{AR}.model.tokenizer_path") else f"{AR}.model.path"
-    value = _get(config, key)
+    model = _typed(config, typed).actor_rollout_ref.model
+    key, value = ((f"{AR}.model.tokenizer_path", model.tokenizer_path) if model.tokenizer_path
+                  else (f"{AR}.model.path", model.path))
     path = os.path.expanduser(str(value))
     if value is None or not os.path.isdir(path):
         return
@@ -288,17 +296,16 @@ def _check_defined(path_key: str, name_key: str, path: Any, name: Any, what: str
                       f"{', '.join(listed) or 'no functions or classes'}. Define {name} there or {hint}")
 
 
-def check_user_code(config: DictConfig) -> None:
+def check_user_code(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> None:
     """The functions and classes named by the config exist in the user's files."""
-    _check_defined("custom_reward_function.path", "custom_reward_function.name",
-                   _get(config, "custom_reward_function.path"),
-                   _get(config, "custom_reward_function.name", "compute_score"), "scoring function")
-    _check_defined("data.custom_cls.path", "data.custom_cls.name", _get(config, "data.custom_cls.path"),
-                   _get(config, "data.custom_cls.name"), "dataset class")
-    if _get(config, "reward_manager.source") == "importlib":
-        _check_defined("reward_manager.module.path", "reward_manager.module.name",
-                       _get(config, "reward_manager.module.path"), _get(config, "reward_manager.module.name"),
-                       "reward manager class")
+    typed = _typed(config, typed)
+    scorer, dataset, manager = typed.custom_reward_function, typed.data.custom_cls, typed.reward_manager
+    _check_defined("custom_reward_function.path", "custom_reward_function.name", scorer.path, scorer.name,
+                   "scoring function")
+    _check_defined("data.custom_cls.path", "data.custom_cls.name", dataset.path, dataset.name, "dataset class")
+    if manager.source == "importlib":
+        _check_defined("reward_manager.module.path", "reward_manager.module.name", manager.module.path,
+                       manager.module.name, "reward manager class")
 
 
 # ------------------------------------------------------------------------------------------- directories
@@ -328,8 +335,7 @@ def _check_output_dir(key: str, value: Any, what: str) -> None:
                           "writable directory")
 
 
-def _check_resume_path(config: DictConfig, use_critic: bool) -> None:
-    value = _get(config, "trainer.resume_from_path")
+def _check_resume_path(value: Any, use_critic: bool) -> None:
     path = os.path.abspath(os.path.expanduser(str(value)))
     if os.path.isfile(path):
         raise ConfigError(f"trainer.resume_from_path={value} is a file, not a checkpoint directory. Point it at "
@@ -345,9 +351,10 @@ def _check_resume_path(config: DictConfig, use_critic: bool) -> None:
             "use trainer.resume_mode=auto to resume from the latest one under trainer.default_local_dir")
 
 
-def check_output_dirs(config: DictConfig, use_critic: bool) -> None:
+def check_output_dirs(config: DictConfig, use_critic: bool, typed: Optional[PPOTrainerConfig] = None) -> None:
     """The directories the run writes can be written; a resume path holds the roles' checkpoints."""
+    typed = _typed(config, typed)
     for key, what in OUTPUT_DIRS.items():
-        _check_output_dir(key, _get(config, key), what)
-    if _get(config, "trainer.resume_mode") == "resume_path":
-        _check_resume_path(config, use_critic)
+        _check_output_dir(key, attrgetter(key)(typed), what)
+    if typed.trainer.resume_mode == "resume_path":
+        _check_resume_path(typed.trainer.resume_from_path, use_critic)

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from verl.utils import torch_functional as verl_F
-from verl.utils.config import cfg_get
 from verl.utils.groupwise import as_torch_index, group_mean_std
 
 __all__ = [
@@ -237,7 +236,7 @@ def compute_grpo_passk_outcome_advantage(
     first best response in batch order. Every group needs at least 2 responses.
     """
     if config is not None:
-        norm_adv_by_std_in_grpo = cfg_get(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
+        norm_adv_by_std_in_grpo = config.norm_adv_by_std_in_grpo
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         group = _group_stats(scores, index)
@@ -341,11 +340,13 @@ def compute_reinforce_plus_plus_outcome_advantage(
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning LLMs").
 
     Discounted return-to-go G_t = r_t + gamma * G_{t+1} inside each response (reset at masked tokens),
-    then whitened over all valid tokens of the batch. ``gamma`` defaults to ``config.gamma`` (else 1.0).
-    Returns ``(advantages, returns)``.
+    then whitened over all valid tokens of the batch. ``gamma`` defaults to ``config.gamma`` (the algorithm
+    section); one of them is needed. Returns ``(advantages, returns)``.
     """
     if gamma is None:
-        gamma = cfg_get(config, "gamma", 1.0)
+        if config is None:
+            raise ValueError("reinforce_plus_plus needs gamma, or config (the algorithm section, for algorithm.gamma)")
+        gamma = config.gamma
     with torch.no_grad():
         mask = response_mask.to(token_level_rewards.dtype)
         returns = torch.zeros_like(token_level_rewards)

@@ -32,7 +32,6 @@ from verl.trainer.ppo.pf_ppo import compute_pf_ppo_reweight_data
 from verl.trainer.ppo.policy_loss import *  # noqa: F401,F403
 from verl.trainer.ppo.policy_loss import __all__ as _loss_all
 from verl.utils import torch_functional as verl_F
-from verl.utils.config import cfg_get
 from verl.utils.padding import response_mask
 
 if TYPE_CHECKING:
@@ -85,10 +84,11 @@ def compute_advantage(
     """Fill ``advantages`` and ``returns`` in ``data.batch`` with the registered estimator ``adv_estimator``.
 
     Inputs: ``token_level_rewards``, ``response_mask`` (else derived from ``attention_mask``), ``values``
-    (GAE), ``non_tensor_batch["uid"]`` (group estimators), ``reward_baselines`` (ReMax). ``config`` is the
-    ``algorithm`` config; each estimator gets the arguments its signature accepts. ``num_repeat`` is kept
-    for verl compatibility (the group structure comes from ``uid``). With ``config.use_pf_ppo`` and GAE the
-    batch is resampled by :func:`compute_pf_ppo_reweight_data` afterwards.
+    (GAE), ``non_tensor_batch["uid"]`` (group estimators), ``reward_baselines`` (ReMax). ``config`` is the typed
+    ``algorithm`` section (``verl.trainer.config_schema.ppo.AlgorithmConfig``, read by attribute) or None; each
+    estimator gets the arguments its signature accepts. ``num_repeat`` is kept for verl compatibility (the group
+    structure comes from ``uid``). With ``config.use_pf_ppo`` and GAE the batch is resampled by
+    :func:`compute_pf_ppo_reweight_data` afterwards (``config.pf_ppo``).
     """
     name = adv_estimator.value if isinstance(adv_estimator, AdvantageEstimator) else str(adv_estimator)
     fn = get_adv_estimator_fn(name)
@@ -129,10 +129,8 @@ def compute_advantage(
     data.batch["advantages"] = advantages
     data.batch["returns"] = returns
 
-    if name == AdvantageEstimator.GAE.value and cfg_get(config, "use_pf_ppo", False):
+    if name == AdvantageEstimator.GAE.value and config is not None and config.use_pf_ppo:
         data = compute_pf_ppo_reweight_data(
-            data,
-            reweight_method=cfg_get(config, "pf_ppo.reweight_method", "pow"),
-            weight_pow=cfg_get(config, "pf_ppo.weight_pow", 2.0),
+            data, reweight_method=config.pf_ppo.reweight_method, weight_pow=config.pf_ppo.weight_pow
         )
     return data

@@ -9,8 +9,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from verl.utils.config import cfg_get
-
 __all__ = [
     "KL_ESTIMATORS",
     "kl_penalty",
@@ -103,16 +101,10 @@ class FixedKLController:
 
 
 def get_kl_controller(kl_ctrl):
-    """Build the controller from ``algorithm.kl_ctrl`` (``type`` fixed|adaptive, ``kl_coef``, ``target_kl``,
-    ``horizon``)."""
-    ctrl_type = cfg_get(kl_ctrl, "type", "fixed")
-    kl_coef = cfg_get(kl_ctrl, "kl_coef", 0.001)
-    if ctrl_type == "fixed":
-        return FixedKLController(kl_coef=kl_coef)
-    if ctrl_type == "adaptive":
-        return AdaptiveKLController(
-            init_kl_coef=kl_coef,
-            target_kl=cfg_get(kl_ctrl, "target_kl", 0.1),
-            horizon=cfg_get(kl_ctrl, "horizon", 10000),
-        )
-    raise ValueError(f"unknown algorithm.kl_ctrl.type {ctrl_type!r}; choose 'fixed' or 'adaptive'")
+    """Build the controller from the typed ``algorithm.kl_ctrl`` section (``type`` fixed|adaptive, ``kl_coef``,
+    ``target_kl``, ``horizon``; ``verl.trainer.config_schema.ppo.KLCtrlConfig``), read by attribute as in verl."""
+    if kl_ctrl.type == "fixed":
+        return FixedKLController(kl_coef=kl_ctrl.kl_coef)
+    if kl_ctrl.type == "adaptive":
+        return AdaptiveKLController(init_kl_coef=kl_ctrl.kl_coef, target_kl=kl_ctrl.target_kl, horizon=kl_ctrl.horizon)
+    raise ValueError(f"unknown algorithm.kl_ctrl.type {kl_ctrl.type!r}; choose 'fixed' or 'adaptive'")

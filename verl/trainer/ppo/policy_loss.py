@@ -6,9 +6,10 @@ Re-exported by ``verl.trainer.ppo.core_algos``. Shapes: per-token tensors are (B
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
        rollout_is_weights=None) -> (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)
 
-where ``config`` is the actor config (``actor_rollout_ref.actor``: ``clip_ratio``, ``clip_ratio_low``,
-``clip_ratio_high``, ``clip_ratio_c``, ``policy_loss.*``) as an OmegaConf node, a dataclass or a dict, and
-``rollout_is_weights`` (optional, (B, L)) are truncated importance weights multiplied into the per-token loss.
+where ``config`` is the typed actor config (``verl.workers.config.FSDPActorConfig`` / ``McoreActorConfig``: its
+``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``, ``tau_pos``, ``tau_neg`` and
+``policy_loss.*`` attributes are read, as in verl; losses that read none accept None), and ``rollout_is_weights``
+(optional, (B, L)) are truncated importance weights multiplied into the per-token loss.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Callable, Optional
 import torch
 
 from verl.utils import torch_functional as verl_F
-from verl.utils.config import cfg_get
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -97,10 +97,18 @@ def get_policy_loss_fn(name: str) -> Callable:
     return POLICY_LOSS_REGISTRY[name]
 
 
-def _clip_ranges(config) -> tuple[float, float]:
-    """(eps_low, eps_high) from ``clip_ratio_low/high``, each falling back to ``clip_ratio`` (0.2)."""
-    eps = cfg_get(config, "clip_ratio", 0.2)
-    return cfg_get(config, "clip_ratio_low", eps), cfg_get(config, "clip_ratio_high", eps)
+def _actor_config(config, loss: str):
+    """``config``, or a ValueError saying that the loss reads its parameters from the actor config."""
+    if config is None:
+        raise ValueError(f"policy loss {loss!r} reads its parameters from the actor config: pass config=<the typed "
+                         "actor config> (e.g. omega_conf_to_dataclass(actor_section, FSDPActorConfig))")
+    return config
+
+
+def _clip_ranges(config, loss: str) -> tuple[float, float]:
+    """(eps_low, eps_high): the actor config's ``clip_ratio_low`` / ``clip_ratio_high``."""
+    config = _actor_config(config, loss)
+    return config.clip_ratio_low, config.clip_ratio_high
 
 
 def _weighted(pg_losses: torch.Tensor, rollout_is_weights: Optional[torch.Tensor]) -> torch.Tensor:
@@ -167,16 +175,16 @@ def compute_policy_loss_vanilla(
 ):
     """PPO clipped surrogate (Schulman et al. 2017) reading clip ranges from the actor config; see
     :func:`compute_policy_loss`."""
-    eps_low, eps_high = _clip_ranges(config)
+    config = _actor_config(config, "vanilla")
     return compute_policy_loss(
         old_log_prob,
         log_prob,
         advantages,
         response_mask,
-        cliprange=cfg_get(config, "clip_ratio", 0.2),
-        cliprange_low=eps_low,
-        cliprange_high=eps_high,
-        clip_ratio_c=cfg_get(config, "clip_ratio_c", 3.0),
+        cliprange=config.clip_ratio,
+        cliprange_low=config.clip_ratio_low,
+        cliprange_high=config.clip_ratio_high,
+        clip_ratio_c=config.clip_ratio_c,
         loss_agg_mode=loss_agg_mode,
         rollout_is_weights=rollout_is_weights,
     )
@@ -197,7 +205,7 @@ def compute_policy_loss_gspo(
     ``clip_ratio_low/high``. Always aggregated as ``seq-mean-token-mean`` (the paper's objective), whatever
     ``loss_agg_mode`` says. ``pg_clipfrac_lower`` is 0.
     """
-    eps_low, eps_high = _clip_ranges(config)
+    eps_low, eps_high = _clip_ranges(config, "gspo")
     mask = response_mask.to(log_prob.dtype)
     log_ratio = log_prob - old_log_prob
     seq_log_ratio = verl_F.masked_sum(log_ratio, mask, axis=-1) / mask.sum(dim=-1).clamp(min=1)
@@ -246,12 +254,11 @@ def compute_policy_loss_clip_cov(
     loss (its gradient, and value, set to 0). Selection uses torch's global RNG. ``pg_clipfrac`` reports the
     fraction of excluded tokens; ``pg_clipfrac_lower`` is 0.
     """
-    ratio_r = cfg_get(config, "policy_loss.clip_cov_ratio", 0.0002)
-    cov_lb = cfg_get(config, "policy_loss.clip_cov_lb", 1.0)
-    cov_ub = cfg_get(config, "policy_loss.clip_cov_ub", 5.0)
+    eps_low, eps_high = _clip_ranges(config, "clip_cov")
+    ratio_r = config.policy_loss.clip_cov_ratio
+    cov_lb, cov_ub = config.policy_loss.clip_cov_lb, config.policy_loss.clip_cov_ub
     if not ratio_r > 0:
         raise ValueError(f"policy_loss.clip_cov_ratio must be > 0 for clip_cov, got {ratio_r}")
-    eps_low, eps_high = _clip_ranges(config)
 
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
@@ -286,8 +293,8 @@ def compute_policy_loss_kl_cov(
     L_t = -A_t r_t + ``policy_loss.ppo_kl_coef`` * |log r_t|. ``ppo_kl`` reports the masked mean of
     |log r|; clip fractions are 0.
     """
-    ratio_k = cfg_get(config, "policy_loss.kl_cov_ratio", 0.0002)
-    kl_coef = cfg_get(config, "policy_loss.ppo_kl_coef", 0.1)
+    policy_loss = _actor_config(config, "kl_cov").policy_loss
+    ratio_k, kl_coef = policy_loss.kl_cov_ratio, policy_loss.ppo_kl_coef
 
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
@@ -323,7 +330,7 @@ def compute_policy_loss_geo_mean(
     The loss is a mean over sequences regardless of ``loss_agg_mode``; ``rollout_is_weights`` enter as the
     per-sequence mean weight. ``pg_clipfrac`` / ``pg_clipfrac_lower``: clipped-token fractions with A > 0 / A < 0.
     """
-    eps_low, eps_high = _clip_ranges(config)
+    eps_low, eps_high = _clip_ranges(config, "geo_mean")
     mask = response_mask.to(log_prob.dtype)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
@@ -358,7 +365,7 @@ def compute_policy_loss_cispo(
     bound on the IS weight (only 1 + eps_high); set ``clip_ratio_low >= 1`` to reproduce it. ``pg_clipfrac`` /
     ``pg_clipfrac_lower``: fraction of tokens whose ratio is above 1 + eps_high / below 1 - eps_low.
     """
-    eps_low, eps_high = _clip_ranges(config)
+    eps_low, eps_high = _clip_ranges(config, "cispo")
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     ppo_kl = verl_F.masked_mean(-log_ratio, response_mask)
@@ -385,8 +392,8 @@ def compute_policy_loss_sapo(
     1 +- eps. The paper averages per sequence (``loss_agg_mode=seq-mean-token-mean``); the configured mode is used.
     No token is clipped: ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0.
     """
-    tau_pos = float(cfg_get(config, "tau_pos", 1.0))
-    tau_neg = float(cfg_get(config, "tau_neg", 1.05))
+    config = _actor_config(config, "sapo")
+    tau_pos, tau_neg = float(config.tau_pos), float(config.tau_neg)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))

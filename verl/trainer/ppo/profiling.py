@@ -8,7 +8,10 @@ one: started before the first, stopped after the last.
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+from functools import cached_property
+
+from verl.trainer.config_schema.profiler import GlobalProfilerConfig
+from verl.utils.config import omega_conf_to_dataclass
 
 __all__ = ["ProfilingMixin"]
 
@@ -16,15 +19,20 @@ __all__ = ["ProfilingMixin"]
 class ProfilingMixin:
     """Trainer side of profiling; the trainer provides ``config``, ``global_steps`` and its worker groups."""
 
+    @cached_property
+    def _global_profiler(self) -> GlobalProfilerConfig:
+        """``global_profiler``, typed once (the trainer's config does not change while it runs)."""
+        return omega_conf_to_dataclass(self.config.global_profiler, GlobalProfilerConfig)
+
     def _profiled_steps(self) -> set[int]:
-        return set(OmegaConf.select(self.config, "global_profiler.steps", default=None) or ())
+        return set(self._global_profiler.steps or ())  # null: no step is profiled
 
     def _profile_bounds(self) -> tuple[bool, bool]:
         """(start before this step, stop after it)."""
         steps, step = self._profiled_steps(), self.global_steps
         if step not in steps:
             return False, False
-        if not OmegaConf.select(self.config, "global_profiler.profile_continuous_steps", default=False):
+        if not self._global_profiler.profile_continuous_steps:
             return True, True
         return step - 1 not in steps, step + 1 not in steps
 

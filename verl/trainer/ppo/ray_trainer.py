@@ -47,6 +47,7 @@ from tqdm import tqdm
 from verl.experimental.agent_loop.metrics import agent_loop_metrics
 from verl.protocol import DataProto, WorkerError, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayWorkerGroup, ResourcePoolManager
+from verl.trainer.config_schema.ppo import AlgorithmConfig
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.checkpoint import CheckpointMixin, stopped_run_error
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
@@ -71,6 +72,7 @@ from verl.trainer.ppo.utils import (
     rollout_probs_diff_metrics,
 )
 from verl.trainer.ppo.validation import ValidationMixin, _val_metric_names  # noqa: F401 (re-exported)
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import resolve_device
 from verl.utils.padding import response_attention_mask
 from verl.utils.plotting import plot_training_curves, plottable_metrics
@@ -146,8 +148,10 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         if self.use_critic and Role.Critic not in role_worker_mapping:
             raise ValueError("the config needs a critic (adv_estimator=gae or critic.enable) but role_worker_mapping "
                              "has no Role.Critic")
+        # the algorithm functions read their section by attribute: build it typed once
+        self.algorithm: AlgorithmConfig = omega_conf_to_dataclass(config.algorithm, AlgorithmConfig)
         self.kl_ctrl_in_reward = (
-            core_algos.get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
+            core_algos.get_kl_controller(self.algorithm.kl_ctrl) if self.algorithm.use_kl_in_reward else None
         )
         self.validation_generations_logger = ValidationGenerationsLogger()
         self.global_steps = 0
@@ -415,9 +419,9 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         batch.batch["token_level_scores"] = scores
         if extra_infos:
             batch.non_tensor_batch.update({k: np.array(v) for k, v in extra_infos.items() if len(v) == len(batch)})
-        if self.config.algorithm.use_kl_in_reward:
+        if self.algorithm.use_kl_in_reward:
             batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=self.kl_ctrl_in_reward,
-                                                 kl_penalty=self.config.algorithm.kl_penalty)
+                                                 kl_penalty=self.algorithm.kl_penalty)
             metrics.update(kl_metrics)
         else:
             batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
@@ -427,8 +431,8 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         """Advantages and returns; with PF-PPO (GAE only, as in verl) ``compute_advantage`` also resamples the
         batch. Its draw is seeded by ``data.seed`` and the step, so a resumed run resamples like an
         uninterrupted one; ``pf_ppo/unique_rows`` counts the distinct samples kept."""
-        algo = self.config.algorithm
-        pf_ppo = bool(algo.get("use_pf_ppo", False)) and algo.adv_estimator == AdvantageEstimator.GAE.value
+        algo = self.algorithm
+        pf_ppo = algo.use_pf_ppo and algo.adv_estimator == AdvantageEstimator.GAE.value
         if pf_ppo:
             batch.batch[_PF_PPO_ROW] = torch.arange(len(batch))
         seed = self.config.data.get("seed", None)
@@ -443,7 +447,7 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
                 gamma=algo.gamma,
                 lam=algo.lam,
                 num_repeat=int(self.config.actor_rollout_ref.rollout.n),
-                norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True),
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
                 config=algo,
             )
         if pf_ppo:

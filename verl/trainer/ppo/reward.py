@@ -3,6 +3,8 @@
 Config keys (verl's): ``custom_reward_function.{path, name, reward_kwargs}``, ``reward_model.reward_manager``,
 ``reward_manager.{source, name, module.path, module.name}``, ``reward_model.reward_kwargs``, ``data.reward_fn_key``,
 ``reward_model.num_workers`` (the reward function scores in that many Ray actors at once: :class:`RewardLoop`).
+They are read from the config's typed view (the schema's frozen classes: a key the config leaves out has the
+schema's default); ``config`` may be the Hydra config or that typed view already built.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import ray
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.spec import build
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import get_reward_manager_cls
 
@@ -27,16 +31,13 @@ __all__ = ["CustomRewardFunction", "get_custom_reward_fn", "load_reward_manager"
            "load_extern_object", "RewardLoop", "RewardLoopWorker"]
 
 
-def _get(config: Any, dotted: str, default: Any = None) -> Any:
-    node = config
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        node = node.get(part, None) if isinstance(node, Mapping) or hasattr(node, "get") else getattr(node, part, None)
-    return default if node is None else node
+def _typed(config: Any) -> PPOTrainerConfig:
+    """The config's typed view: ``config`` itself when already typed, else built from it (a DictConfig or dict)."""
+    return config if isinstance(config, PPOTrainerConfig) else build(PPOTrainerConfig, config)
 
 
 def _to_dict(node: Any) -> dict:
+    """A free-form mapping of the config (user kwargs) as a plain dict; null is empty."""
     if node is None:
         return {}
     if isinstance(node, DictConfig):
@@ -97,18 +98,17 @@ class CustomRewardFunction:
 def get_custom_reward_fn(config) -> Callable | None:
     """The user's scoring function from ``custom_reward_function.path`` / ``.name`` (default
     ``compute_score``), with ``custom_reward_function.reward_kwargs`` bound; None when no path is set."""
-    path = _get(config, "custom_reward_function.path")
-    if not path:
+    custom = _typed(config).custom_reward_function
+    if not custom.path:
         return None
-    name = _get(config, "custom_reward_function.name", "compute_score")
-    fn = CustomRewardFunction(str(path), str(name), _to_dict(_get(config, "custom_reward_function.reward_kwargs")))
-    print(f"using customized reward function '{name}' from '{path}'")
+    fn = CustomRewardFunction(str(custom.path), str(custom.name), _to_dict(custom.reward_kwargs))
+    print(f"using customized reward function '{custom.name}' from '{custom.path}'")
     return fn
 
 
-def _reward_manager_name(config) -> str:
-    explicit = _get(config, "reward_manager.name")
-    legacy = _get(config, "reward_model.reward_manager")
+def _reward_manager_name(typed: PPOTrainerConfig) -> str:
+    explicit = typed.reward_manager.name
+    legacy = typed.reward_model.reward_manager
     if explicit and legacy and explicit != legacy:
         # reward_manager.name follows reward_model.reward_manager by default; a plain default 'naive' in one
         # of them means the other was set on purpose.
@@ -118,50 +118,47 @@ def _reward_manager_name(config) -> str:
             return explicit
         raise ValueError(f"reward_manager.name={explicit!r} and reward_model.reward_manager={legacy!r} disagree; "
                          "set only one of them")
-    return explicit or legacy or "naive"
+    return explicit or legacy
 
 
 def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
     """Instantiate the configured reward manager with the custom scorer (or ``default_compute_score``).
 
+    ``config``: the Hydra config, or its typed view (:class:`~verl.trainer.config_schema.ppo.PPOTrainerConfig`).
     ``reward_kwargs`` (usually ``config.reward_model.reward_kwargs``, which is also read here as a default)
     go to the manager's constructor, e.g. ``max_resp_len`` / ``overlong_buffer_cfg`` for ``dapo`` or
     ``num_processes`` / ``timeout`` for ``prime``.
     """
-    compute_score = get_custom_reward_fn(config) or default_compute_score
-    sandbox_url = _get(config, "reward_model.sandbox_fusion.url")
-    if sandbox_url and compute_score is default_compute_score:
+    typed = _typed(config)
+    reward_model, manager = typed.reward_model, typed.reward_manager
+    compute_score = get_custom_reward_fn(typed) or default_compute_score
+    sandbox = reward_model.sandbox_fusion
+    if sandbox.url and compute_score is default_compute_score:
         # code data sources (codecontests, apps, codeforces, taco) run their programs on that server
-        limits = {k: _get(config, f"reward_model.sandbox_fusion.{k}") for k in ("memory_limit_mb", "max_concurrent")}
-        compute_score = functools.partial(default_compute_score, sandbox_fusion_url=str(sandbox_url),
-                                          **{k: int(v) for k, v in limits.items() if v is not None})
+        compute_score = functools.partial(default_compute_score, sandbox_fusion_url=str(sandbox.url),
+                                          memory_limit_mb=int(sandbox.memory_limit_mb),
+                                          max_concurrent=int(sandbox.max_concurrent))
 
-    source = _get(config, "reward_manager.source", "register")
-    if source == "register":
-        manager_cls = get_reward_manager_cls(_reward_manager_name(config))
-    elif source == "importlib":
-        path = _get(config, "reward_manager.module.path")
-        if not path:
+    if manager.source == "register":
+        manager_cls = get_reward_manager_cls(_reward_manager_name(typed))
+    elif manager.source == "importlib":
+        if not manager.module.path:
             raise ValueError("reward_manager.source=importlib needs reward_manager.module.path=<file.py> "
                              "(and reward_manager.module.name=<class>)")
-        manager_cls = load_extern_object(path, _get(config, "reward_manager.module.name", "custom_reward_manager"),
-                                         "reward_manager.module")
+        manager_cls = load_extern_object(manager.module.path, manager.module.name, "reward_manager.module")
     else:
-        raise ValueError(f"reward_manager.source must be 'register' or 'importlib', got {source!r}")
+        raise ValueError(f"reward_manager.source must be 'register' or 'importlib', got {manager.source!r}")
 
-    kwargs = {**_to_dict(_get(config, "reward_model.reward_kwargs")), **reward_kwargs}
+    kwargs = {**_to_dict(reward_model.reward_kwargs), **reward_kwargs}
     params = inspect.signature(manager_cls.__init__).parameters
     if "overlong_buffer_cfg" in params and "overlong_buffer_cfg" not in kwargs:
-        legacy_cfg = _get(config, "reward_model.overlong_buffer")  # recipe/dapo's spelling
-        if legacy_cfg is not None:
-            kwargs["overlong_buffer_cfg"] = _to_dict(legacy_cfg)
+        if reward_model.overlong_buffer is not None:  # recipe/dapo's spelling
+            kwargs["overlong_buffer_cfg"] = _to_dict(reward_model.overlong_buffer)
     if "max_resp_len" in params and kwargs.get("max_resp_len") is None:
-        max_len = _get(config, "data.max_response_length")
-        if max_len is not None:
-            kwargs["max_resp_len"] = int(max_len)
+        kwargs["max_resp_len"] = int(typed.data.max_response_length)
 
     return manager_cls(tokenizer=tokenizer, num_examine=num_examine, compute_score=compute_score,
-                       reward_fn_key=_get(config, "data.reward_fn_key", "data_source"), **kwargs)
+                       reward_fn_key=typed.data.reward_fn_key, **kwargs)
 
 
 def _accepts_return_dict(reward_fn: Callable) -> bool:

@@ -30,8 +30,8 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.preference.pairs import interleave_pairs
-from verl.utils.config import cfg_get
 from verl.utils.dataset.rl_dataset import _as_file_list, left_pad, read_parquet_rows
+from verl.workers.config.data import PreferenceDataConfig, as_data_config
 
 __all__ = ["PreferenceDataset", "UnpairedPreferenceDataset", "ResponseDataset", "PreferenceDataError",
            "mismatched_partners"]
@@ -52,16 +52,16 @@ def _right_pad(ids: list[int], length: int, pad: int) -> tuple[torch.Tensor, tor
 class _Encoder:
     """Prompt and response rendering / tokenization shared by the paired and unpaired datasets."""
 
-    def __init__(self, tokenizer, config):
+    def __init__(self, tokenizer, data: PreferenceDataConfig):
         self.tokenizer = tokenizer
-        self.prompt_key = cfg_get(config, "prompt_key", "prompt")
-        self.max_prompt_length = int(cfg_get(config, "max_prompt_length", 512))
-        self.max_response_length = int(cfg_get(config, "max_response_length", 512))
-        self.truncation = cfg_get(config, "truncation", "error")
+        self.prompt_key = data.prompt_key
+        self.max_prompt_length = data.max_prompt_length
+        self.max_response_length = data.max_response_length
+        self.truncation = data.truncation
         if self.truncation not in ("error", "right"):
             raise ValueError(f"data.truncation={self.truncation!r}: preference responses support error|right")
-        self.filter_overlong_prompts = bool(cfg_get(config, "filter_overlong_prompts", False))
-        self.use_chat_template = bool(cfg_get(config, "apply_chat_template", True))
+        self.filter_overlong_prompts = data.filter_overlong_prompts
+        self.use_chat_template = data.apply_chat_template
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; preference responses need one to end on")
@@ -120,10 +120,20 @@ class _Encoder:
 
 
 class _Base:
+    """``config``: the ``data`` section (a DictConfig, a mapping with any subset of its keys, the others taking the
+    schema's defaults, or a :class:`~verl.workers.config.data.PreferenceDataConfig`); ``self.data_config`` is it
+    typed. ``self.keys`` maps each required column to its name in the files (``_columns``)."""
+
     required: tuple[str, ...] = ()
 
+    @staticmethod
+    def _columns(data: PreferenceDataConfig) -> dict[str, str]:
+        raise NotImplementedError
+
     def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
-        self.enc = _Encoder(tokenizer, config)
+        self.data_config = data = as_data_config(config, PreferenceDataConfig)
+        self.keys = self._columns(data)
+        self.enc = _Encoder(tokenizer, data)
         self.tokenizer = tokenizer
         self.num_filtered = 0
         self.rows: list[dict] = []
@@ -179,10 +189,11 @@ class PreferenceDataset(_Base):
 
     required = ("prompt", "chosen", "rejected")
 
+    @staticmethod
+    def _columns(data: PreferenceDataConfig) -> dict[str, str]:
+        return {"prompt": data.prompt_key, "chosen": data.chosen_key, "rejected": data.rejected_key}
+
     def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
-        self.keys = {"prompt": cfg_get(config, "prompt_key", "prompt"),
-                     "chosen": cfg_get(config, "chosen_key", "chosen"),
-                     "rejected": cfg_get(config, "rejected_key", "rejected")}
         self.chosen: list[list[int]] = []
         self.rejected: list[list[int]] = []
         self.margins: list[float] = []
@@ -253,10 +264,11 @@ class UnpairedPreferenceDataset(_Base):
 
     required = ("prompt", "completion", "label")
 
+    @staticmethod
+    def _columns(data: PreferenceDataConfig) -> dict[str, str]:
+        return {"prompt": data.prompt_key, "completion": data.completion_key, "label": data.label_key}
+
     def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
-        self.keys = {"prompt": cfg_get(config, "prompt_key", "prompt"),
-                     "completion": cfg_get(config, "completion_key", "completion"),
-                     "label": cfg_get(config, "label_key", "label")}
         self.completions: list[list[int]] = []
         self.labels: list[bool] = []
         super().__init__(data_files, tokenizer, config, max_samples)
@@ -312,15 +324,17 @@ class UnpairedPreferenceDataset(_Base):
 
 
 class ResponseDataset(_Base):
-    """Prompts with one target response each (``data.response_key``, default ``response``), e.g. SFT data.
+    """Prompts with one target response each (``data.response_key``), e.g. SFT data.
     ``targets(indices)`` gives the prompt + target rows in the rollout's layout, ``prompts(indices)`` the prompts
     alone for generation."""
 
     required = ("prompt", "response")
 
+    @staticmethod
+    def _columns(data: PreferenceDataConfig) -> dict[str, str]:
+        return {"prompt": data.prompt_key, "response": data.response_key}
+
     def __init__(self, data_files, tokenizer, config, max_samples: int = -1):
-        self.keys = {"prompt": cfg_get(config, "prompt_key", "prompt"),
-                     "response": cfg_get(config, "response_key", "response")}
         self.responses: list[list[int]] = []
         super().__init__(data_files, tokenizer, config, max_samples)
 

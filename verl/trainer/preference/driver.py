@@ -26,6 +26,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from verl.single_controller.ray.base import ResourcePoolManager
+from verl.trainer.config_schema.ppo import TrainerConfig
+from verl.trainer.config_schema.rollout import RolloutConfig
+from verl.trainer.config_schema.spec import build
 from verl.trainer.host_defaults import (explicit_override_keys, foreground_ray_workers, resolve_rollout_tp,
                                         resolve_torch_compile)
 from verl.trainer.main_ppo import absolutize_local_paths, init_ray
@@ -63,32 +66,34 @@ class RecipeDriver:
 
     def __init__(self, config: DictConfig):
         self.config = config
-        _rollout_layout_defaults(config)  # before any worker starts, however the driver was reached
+        # ``trainer``, typed once: the loop, checkpoint and placement settings the driver reads
+        self.trainer_config: TrainerConfig = build(TrainerConfig, config.trainer)
+        _rollout_layout_defaults(config, self.trainer_config)  # before any worker starts, however it was reached
         self.global_steps = 0
         self.groups: dict[str, RayWorkerGroup] = {}
         self.metric_history: list[dict] = []
         self.logger = None
         try:
-            self.device = resolve_device(config.trainer.get("device", "auto"))
+            self.device = resolve_device(self.trainer_config.device)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         os.environ["VERL_DEVICE"] = self.device
-        self.total_steps = int(config.trainer.total_training_steps or 0)
+        total = self.trainer_config.total_training_steps
+        self.total_steps = int(total or 0)
         if self.total_steps <= 0:
-            raise ConfigError(f"trainer.total_training_steps={config.trainer.total_training_steps}: set a number "
-                              "of steps > 0")
+            raise ConfigError(f"trainer.total_training_steps={total}: set a number of steps > 0")
 
     # ------------------------------------------------------------------ setup
     def start_ray(self) -> None:
         absolutize_local_paths(self.config)
         if not ray.is_initialized():
-            if resolve_device(self.config.trainer.get("device", "auto")) == "cpu":
+            if self.device == "cpu":
                 foreground_ray_workers()
             init_ray(self.config, None)
 
     def spawn(self, name: str, worker_cls, **init_kwargs) -> RayWorkerGroup:
         """One worker group of ``trainer.n_gpus_per_node`` x ``trainer.nnodes`` processes running ``worker_cls``."""
-        per_node, nnodes = int(self.config.trainer.n_gpus_per_node), int(self.config.trainer.nnodes)
+        per_node, nnodes = int(self.trainer_config.n_gpus_per_node), int(self.trainer_config.nnodes)
         manager = ResourcePoolManager(resource_pool_spec={f"{name}_pool": [per_node] * nnodes},
                                       mapping={Role.ActorRollout: f"{name}_pool"})
         manager.create_resource_pool()
@@ -153,12 +158,13 @@ class RecipeDriver:
         return last or (freq > 0 and self.global_steps % freq == 0)
 
     def fit(self) -> dict:
-        tr = self.config.trainer
-        self.logger = Tracking(tr.project_name, tr.experiment_name, default_backend=list(tr.logger),
+        tr = self.trainer_config
+        loggers = [tr.logger] if isinstance(tr.logger, str) else list(tr.logger)
+        self.logger = Tracking(tr.project_name, tr.experiment_name, default_backend=loggers,
                                config=OmegaConf.to_container(self.config, resolve=True))
         self.load_checkpoint()
         last = {}
-        if self.global_steps == 0 and bool(tr.get("val_before_train", True)):
+        if self.global_steps == 0 and bool(tr.val_before_train):
             val = self.validate()
             if val:
                 self.logger.log(val, step=0)
@@ -167,11 +173,11 @@ class RecipeDriver:
             metrics = self.step()
             self.global_steps += 1
             is_last = self.global_steps >= self.total_steps
-            if self._due(tr.get("test_freq", -1), is_last):
+            if self._due(tr.test_freq, is_last):
                 metrics.update(self.validate())
             self.logger.log(metrics, step=self.global_steps)
             self.metric_history.append({"step": self.global_steps, **metrics})
-            if self._due(tr.get("save_freq", -1), False) or (is_last and int(tr.get("save_freq", -1) or -1) > 0):
+            if self._due(tr.save_freq, False) or (is_last and int(tr.save_freq or -1) > 0):
                 self.save_checkpoint()
             last = metrics
         self.finish()
@@ -180,7 +186,7 @@ class RecipeDriver:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_root(self) -> str:
-        return os.path.abspath(os.path.expanduser(str(self.config.trainer.default_local_dir)))
+        return os.path.abspath(os.path.expanduser(str(self.trainer_config.default_local_dir)))
 
     def save_checkpoint(self) -> str:
         folder = step_folder(self.checkpoint_root(), self.global_steps)
@@ -194,7 +200,7 @@ class RecipeDriver:
         return folder
 
     def load_checkpoint(self) -> int:
-        mode = self.config.trainer.get("resume_mode", "auto")
+        mode = self.trainer_config.resume_mode
         if mode == "disable":
             return 0
         if mode == "auto":
@@ -202,7 +208,7 @@ class RecipeDriver:
             if folder is None:
                 return 0
         elif mode == "resume_path":
-            folder = os.path.abspath(os.path.expanduser(str(self.config.trainer.resume_from_path)))
+            folder = os.path.abspath(os.path.expanduser(str(self.trainer_config.resume_from_path)))
         else:
             raise ConfigError(f"trainer.resume_mode={mode!r} is not one of: auto, disable, resume_path")
         state_path = os.path.join(folder, "driver.pt")
@@ -220,25 +226,21 @@ class RecipeDriver:
 EXIT_CONFIG_ERROR = 2
 
 
-def _rollout_layout_defaults(config: DictConfig) -> None:
+def _rollout_layout_defaults(config: DictConfig, trainer: TrainerConfig) -> None:
     """verl's default rollout engine size (2), when not set, becomes 1 for hf and on CPU (as in main_ppo); the
     layout is checked before any worker starts (a ValueError naming the key)."""
-    rollout = OmegaConf.select(config, "actor_rollout_ref.rollout")
-    if rollout is None:
-        return
+    rollout = config.actor_rollout_ref.rollout  # the node the defaults are written into
     if OmegaConf.is_missing(rollout, "name") or rollout.get("name") is None:
         with open_dict(rollout):
             rollout.name = "hf"  # what the policy worker builds when the recipe names no engine
-    change = resolve_rollout_tp(config, resolve_device(OmegaConf.select(config, "trainer.device", default="auto")),
-                                explicit_override_keys())
-    device = resolve_device(OmegaConf.select(config, "trainer.device", default="auto"))
+    device = resolve_device(trainer.device)
+    change = resolve_rollout_tp(config, device, explicit_override_keys())
     for key, old, new, why in ([change] if change is not None else []) + resolve_torch_compile(
             config, device, explicit_override_keys()):
         print(f"{key}: {old} -> {new} ({why})", flush=True)
-    workers = int(OmegaConf.select(config, "trainer.n_gpus_per_node", default=1) or 1) * int(
-        OmegaConf.select(config, "trainer.nnodes", default=1) or 1)
-    check_rollout_parallel(name=str(rollout.get("name")), tp=int(rollout.get("tensor_model_parallel_size", 1) or 1),
-                           workers=workers, model_path=None)
+    layout = build(RolloutConfig, rollout)  # typed after the defaults above were written
+    check_rollout_parallel(name=str(layout.name), tp=int(layout.tensor_model_parallel_size),
+                           workers=int(trainer.n_gpus_per_node) * int(trainer.nnodes), model_path=None)
 
 
 def make_recipe_driver(config: DictConfig, driver_cls):

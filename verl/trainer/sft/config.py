@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
 from verl.trainer.config_schema.sft import SFTTrainerConfig
 from verl.trainer.config_schema.spec import build, check_config, check_value, specs
@@ -68,10 +68,10 @@ def typed_sft_config(config: DictConfig) -> SFTTrainerConfig:
     return build(SFTTrainerConfig, config)
 
 
-def _check_launcher_keys(config: DictConfig, world_size: int) -> None:
+def _check_launcher_keys(config: SFTTrainerConfig, world_size: int) -> None:
     """trainer.nnodes / n_gpus_per_node: the launcher sets the world size; a non-default pair must agree with it."""
     table = specs(SFTTrainerConfig)
-    values = {k: OmegaConf.select(config, k) for k in _LAUNCHER_KEYS}
+    values = {"trainer.nnodes": config.trainer.nnodes, "trainer.n_gpus_per_node": config.trainer.n_gpus_per_node}
     for k, v in values.items():
         check_value(table[k], v)
     if all(v == table[k].default for k, v in values.items()):
@@ -84,23 +84,24 @@ def _check_launcher_keys(config: DictConfig, world_size: int) -> None:
                           "torchrun --nnodes/--nproc_per_node, so match it or leave both keys at their defaults")
 
 
-def _check_sequence_parallel(config: DictConfig, world_size: int) -> int:
+def _check_sequence_parallel(config: SFTTrainerConfig, world_size: int) -> int:
     """``ulysses_sequence_parallel_size``: divides the number of processes, and packs (``use_remove_padding``)."""
-    sp_size = int(config.get("ulysses_sequence_parallel_size", 1) or 1)
+    sp_size = int(config.ulysses_sequence_parallel_size)
     if sp_size == 1:
         return 1
     if world_size % sp_size:
         raise ConfigError(f"ulysses_sequence_parallel_size={sp_size} must divide the number of processes "
                           f"({world_size}, from torchrun --nproc_per_node x --nnodes); use a divisor of {world_size}")
-    if not config.get("use_remove_padding", False):
+    if not config.use_remove_padding:
         raise ConfigError(f"ulysses_sequence_parallel_size={sp_size} needs use_remove_padding=true: the packed "
                           "sequence (rows without padding) is what is split across the ranks")
     return sp_size
 
 
-def check_sequence_parallel_model(config: DictConfig, model_path: str) -> None:
-    """``ulysses_sequence_parallel_size`` must divide the model's attention and key/value heads."""
-    sp_size = int(config.get("ulysses_sequence_parallel_size", 1) or 1)
+def check_sequence_parallel_model(config: DictConfig | SFTTrainerConfig, model_path: str) -> None:
+    """``ulysses_sequence_parallel_size`` must divide the model's attention and key/value heads (``config``: the
+    composed ``sft_trainer.yaml`` or its typed form)."""
+    sp_size = int(config.ulysses_sequence_parallel_size)
     if sp_size > 1:
         heads, kv_heads = _model_heads(model_path)
         try:
@@ -111,14 +112,15 @@ def check_sequence_parallel_model(config: DictConfig, model_path: str) -> None:
 
 def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFTPlan:
     """Check every key against the schema, the batch arithmetic and input files; return the derived :class:`SFTPlan`."""
-    data, trainer = config.data, config.trainer
     check_config(config, SFTTrainerConfig, skip=lambda path: path in _LAUNCHER_KEYS)
-    _check_launcher_keys(config, world_size)
-    check_backend_packages(trainer.get("logger"))
-    if trainer.resume_mode == "resume_path" and not trainer.get("resume_from_path"):
+    typed = typed_sft_config(config)
+    data, trainer = typed.data, typed.trainer
+    _check_launcher_keys(typed, world_size)
+    check_backend_packages(trainer.logger)
+    if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir of global_step_N>")
 
-    sp_size = _check_sequence_parallel(config, world_size)
+    sp_size = _check_sequence_parallel(typed, world_size)
     dp_size = world_size // sp_size
     groups = (f"the number of data-parallel groups ({world_size} processes / ulysses_sequence_parallel_size={sp_size}"
               f" = {dp_size})" if sp_size > 1 else f"the number of processes ({world_size})")
@@ -126,8 +128,8 @@ def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFT
     if global_bs < 1 or global_bs % dp_size != 0:
         raise ConfigError(f"data.train_batch_size={global_bs} must be a positive multiple of {groups}")
     per_rank = global_bs // dp_size
-    micro = data.get("micro_batch_size_per_gpu")
-    if data.get("micro_batch_size") is not None:
+    micro = data.micro_batch_size_per_gpu
+    if data.micro_batch_size is not None:
         if int(data.micro_batch_size) % dp_size != 0:
             raise ConfigError(
                 f"data.micro_batch_size={data.micro_batch_size} must be divisible by {groups}; "
@@ -147,7 +149,7 @@ def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFT
     train_files = _check_files(as_list(data.train_files), "data.train_files")
     if not train_files:
         raise ConfigError("data.train_files is empty; give one or more parquet files")
-    val_files = _check_files(as_list(data.get("val_files")), "data.val_files")
+    val_files = _check_files(as_list(data.val_files), "data.val_files")
     return SFTPlan(
         device=device,
         world_size=world_size,
@@ -159,5 +161,5 @@ def validate_sft_config(config: DictConfig, world_size: int, device: str) -> SFT
         grad_accum_steps=per_rank // micro,
         train_files=train_files,
         val_files=val_files,
-        config=typed_sft_config(config),
+        config=typed,
     )

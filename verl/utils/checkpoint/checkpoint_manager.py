@@ -15,7 +15,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name, get_torch_device
 
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -51,7 +50,11 @@ def barrier() -> None:
 
 
 class BaseCheckpointManager:
-    """``checkpoint_config.save_contents`` / ``load_contents`` pick among model, optimizer, extra, hf_model."""
+    """``checkpoint_config.save_contents`` / ``load_contents`` pick among model, optimizer, extra, hf_model.
+
+    ``checkpoint_config`` is the role's typed ``checkpoint`` section (the schema's ``CheckpointConfig``: both keys,
+    with their defaults) or None, which saves and loads model, optimizer and extra as verl's managers do.
+    """
 
     def __init__(self, model, optimizer=None, lr_scheduler=None, processing_class=None, checkpoint_config=None):
         self.model = model
@@ -59,8 +62,10 @@ class BaseCheckpointManager:
         self.lr_scheduler = lr_scheduler
         self.processing_class = processing_class
         self.checkpoint_config = checkpoint_config
-        save = cfg_get(checkpoint_config, "save_contents", None) or ["model", "optimizer", "extra"]
-        load = cfg_get(checkpoint_config, "load_contents", None) or save
+        if checkpoint_config is None:
+            save = load = ("model", "optimizer", "extra")
+        else:
+            save, load = checkpoint_config.save_contents, checkpoint_config.load_contents
         self.checkpoint_save_contents = [str(c) for c in save]
         self.checkpoint_load_contents = [str(c) for c in load]
         for c in self.checkpoint_save_contents + self.checkpoint_load_contents:

@@ -95,7 +95,7 @@ class FSDPCheckpointManager(BaseCheckpointManager):
     """``save_checkpoint`` / ``load_checkpoint`` for an FSDP2 (or unsharded) model, optimizer and lr scheduler.
 
     ``processing_class`` (a tokenizer or processor) is saved under ``huggingface/``; ``checkpoint_config`` is
-    the role's ``checkpoint`` node (``save_contents``, ``load_contents``).
+    the role's typed ``checkpoint`` section (``save_contents``, ``load_contents``) or None.
     """
 
     max_shard_size: str = "5GB"

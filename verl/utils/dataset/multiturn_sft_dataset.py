@@ -7,7 +7,7 @@ after the end-of-turn token (e.g. a newline) is not trained. Items have the same
 ``input_ids, attention_mask, position_ids, loss_mask`` of length ``data.max_length``, right-padded, with
 ``loss_mask[t] == 1`` exactly when token ``t`` is a trained assistant token.
 
-Config keys: multiturn.messages_key (default ``messages``; a top-level ``messages_key`` also works),
+Config keys (the ``data`` section of sft_trainer.yaml, as for ``SFTDataset``): multiturn.messages_key,
 max_length, truncation (error|left|right), chat_template.
 """
 
@@ -17,15 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from verl.utils.config import cfg_get
 from verl.utils.dataset.sft_dataset import _SFTBase, load_rows, pack_sft_item
 
 
 class MultiTurnSFTDataset(_SFTBase):
     def __init__(self, parquet_files, tokenizer, config, max_samples: int = -1):
         super().__init__(tokenizer, config, max_samples)
-        multiturn = cfg_get(config, "multiturn", None)
-        self.messages_key = cfg_get(multiturn, "messages_key", None) or cfg_get(config, "messages_key", "messages")
+        self.messages_key = self.data_config.multiturn.messages_key
         key_name = "data.multiturn.messages_key"
         self.rows, self.origins = load_rows(parquet_files, [(self.messages_key, key_name)], self.max_samples)
 

@@ -53,14 +53,15 @@ import torch
 from torch.utils.data import Dataset
 
 from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
-from verl.utils.config import cfg_get
+from verl.trainer.config_schema.ppo import TRUNCATIONS
 from verl.utils.dataset.dataloader import make_random_sampler, make_sequential_sampler
 from verl.utils.dataset.vision_utils import decode_image, mrope_position_ids, pad_multi_modal_inputs
 from verl.utils.import_utils import load_module
+from verl.workers.config.data import as_data_config
 
 logger = logging.getLogger(__name__)
 
-TRUNCATION_MODES = ("error", "left", "right", "middle")
+TRUNCATION_MODES = TRUNCATIONS
 # processors whose models take Qwen2-VL's 3-D rotary positions (computed here for image prompts)
 MROPE_PROCESSORS = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
 OVERLONG_FIX = (
@@ -131,10 +132,13 @@ def left_pad(ids: list[int], max_length: int, pad_token_id: int) -> tuple[torch.
 class RLHFDataset(Dataset):
     """Prompts from one or many parquet files, tokenized with the chat template (see the module docstring).
 
-    Config keys read from ``config`` (the ``data`` section): prompt_key, max_prompt_length, truncation,
-    filter_overlong_prompts, return_raw_chat, return_full_prompt, chat_template, apply_chat_template_kwargs,
-    image_key, video_key, return_multi_modal_inputs, shuffle and seed (only to choose which rows
-    ``max_samples`` keeps).
+    ``config`` is the ``data`` section: a DictConfig, a mapping with any subset of its keys (the others take the
+    schema's defaults) or a :class:`~verl.workers.config.data.DataConfig`; a bad value raises ``ConfigError``
+    naming the key. Read here: prompt_key, max_prompt_length, truncation, filter_overlong_prompts(_workers),
+    tool_config_path, return_raw_chat, return_full_prompt, chat_template, apply_chat_template_kwargs, image_key,
+    video_key, return_multi_modal_inputs, shuffle and seed (only to choose which rows ``max_samples`` keeps).
+    ``self.config`` is ``config`` as given (a subclass may read keys of its own from it), ``self.data_config``
+    the typed section.
     """
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
@@ -142,28 +146,25 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.processor = processor
         self.config = config
+        self.data_config = data = as_data_config(config)
         self.max_samples = int(max_samples if max_samples is not None else -1)
 
-        self.prompt_key = cfg_get(config, "prompt_key", "prompt")
-        self.max_prompt_length = int(cfg_get(config, "max_prompt_length", 1024))
-        self.truncation = cfg_get(config, "truncation", "error")
-        self.filter_overlong_prompts = bool(cfg_get(config, "filter_overlong_prompts", False))
-        self.filter_overlong_prompts_workers = int(cfg_get(config, "filter_overlong_prompts_workers", 1) or 1)
-        self.tool_config_path = cfg_get(config, "tool_config_path", None)
-        self.return_raw_chat = bool(cfg_get(config, "return_raw_chat", False))
-        self.return_full_prompt = bool(cfg_get(config, "return_full_prompt", False))
-        self.chat_template = cfg_get(config, "chat_template", None)
-        self.apply_chat_template_kwargs = dict(cfg_get(config, "apply_chat_template_kwargs", {}))
-        self.shuffle = bool(cfg_get(config, "shuffle", False))
-        self.seed = int(cfg_get(config, "seed", 1))
-        self.image_key = cfg_get(config, "image_key", "images")
-        self.video_key = cfg_get(config, "video_key", "videos")
-        self.return_multi_modal_inputs = bool(cfg_get(config, "return_multi_modal_inputs", True))
+        self.prompt_key = data.prompt_key
+        self.max_prompt_length = data.max_prompt_length
+        self.truncation = data.truncation
+        self.filter_overlong_prompts = data.filter_overlong_prompts
+        self.filter_overlong_prompts_workers = data.filter_overlong_prompts_workers
+        self.tool_config_path = data.tool_config_path
+        self.return_raw_chat = data.return_raw_chat
+        self.return_full_prompt = data.return_full_prompt
+        self.chat_template = data.chat_template
+        self.apply_chat_template_kwargs = dict(data.apply_chat_template_kwargs)
+        self.shuffle = data.shuffle
+        self.seed = 1 if data.seed is None else data.seed  # the schema's data.seed: null means 1
+        self.image_key = data.image_key
+        self.video_key = data.video_key
+        self.return_multi_modal_inputs = data.return_multi_modal_inputs
 
-        if self.truncation not in TRUNCATION_MODES:
-            raise ValueError(f"data.truncation={self.truncation!r} is not one of {'|'.join(TRUNCATION_MODES)}")
-        if self.max_prompt_length <= 0:
-            raise ValueError(f"data.max_prompt_length must be positive, got {self.max_prompt_length}")
         if self.chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "the tokenizer has no chat template; use a chat model's tokenizer or set data.chat_template"
@@ -285,7 +286,7 @@ class RLHFDataset(Dataset):
         if row.get(self.video_key) is not None and len(row[self.video_key]) > 0:
             raise NotImplementedError(
                 f"{self._where(item)} has videos in column {self.video_key!r} (data.video_key); only images are "
-                "supported: drop the column or set data.video_key to a column that does not exist"
+                "supported: drop the column"
             )
         images = row.pop(self.image_key, None)
         if images is None:
@@ -436,11 +437,10 @@ def collate_fn(data_list: list[dict]) -> dict[str, Any]:
 # ---- construction helpers used by the trainer -------------------------------------------------------------
 def get_dataset_class(data_config):
     """``RLHFDataset``, or the class named by ``data.custom_cls.{path,name}`` (loaded from the user's file)."""
-    custom = cfg_get(data_config, "custom_cls", None)
-    path = cfg_get(custom, "path", None)
+    custom = as_data_config(data_config).custom_cls
+    path, name = custom.path, custom.name
     if path is None:
         return RLHFDataset
-    name = cfg_get(custom, "name", None)
     if not name:
         raise ValueError(f"data.custom_cls.path={path} is set but data.custom_cls.name is empty; name the class")
     if not path.startswith("pkg://") and not os.path.isfile(os.path.expanduser(path)):
@@ -455,10 +455,12 @@ def get_dataset_class(data_config):
 
 
 def create_rl_dataset(data_paths, data_config, tokenizer, processor=None, is_train: bool = True, max_samples=None):
-    """Build the train (or validation) dataset; ``max_samples`` defaults to data.train/val_max_samples."""
-    cls = get_dataset_class(data_config)
+    """Build the train (or validation) dataset; ``max_samples`` defaults to data.train/val_max_samples. The class
+    gets ``data_config`` as given (a custom class may read keys of its own from it)."""
+    data = as_data_config(data_config)
+    cls = get_dataset_class(data)
     if max_samples is None:
-        max_samples = cfg_get(data_config, "train_max_samples" if is_train else "val_max_samples", -1)
+        max_samples = data.train_max_samples if is_train else data.val_max_samples
     kwargs = dict(data_files=data_paths, tokenizer=tokenizer, processor=processor, config=data_config)
     params = inspect.signature(cls.__init__).parameters
     if "max_samples" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -475,19 +477,17 @@ def create_rl_sampler(data_config, dataset):
     """The sampler for the training dataloader.
 
     ``data.sampler.class_path``/``class_name`` loads a user sampler built as ``cls(data_source=, data_config=)``;
-    else ``data.shuffle`` (default True) gives a random order seeded by ``data.seed`` (default 1), otherwise the
-    file order. The random sampler can resume mid-epoch: with torchdata installed it is torchdata's
-    ``RandomSampler`` (use ``StatefulDataLoader``, see ``verl.utils.dataset.dataloader``), else
-    ``ResumableRandomSampler``.
+    else ``data.shuffle`` gives a random order seeded by ``data.seed`` (null: 1), otherwise the file order. The
+    random sampler can resume mid-epoch: with torchdata installed it is torchdata's ``RandomSampler`` (use
+    ``StatefulDataLoader``, see ``verl.utils.dataset.dataloader``), else ``ResumableRandomSampler``.
     """
-    sampler_cfg = cfg_get(data_config, "sampler", None)
-    class_path = cfg_get(sampler_cfg, "class_path", None)
+    data = as_data_config(data_config)
+    class_path, class_name = data.sampler.class_path, data.sampler.class_name
     if class_path is not None:
-        class_name = cfg_get(sampler_cfg, "class_name", None)
         cls = getattr(load_module(class_path), class_name or "", None)
         if cls is None:
             raise AttributeError(f"data.sampler.class_name={class_name!r} is not defined in {class_path}")
         return cls(data_source=dataset, data_config=data_config)
-    if cfg_get(data_config, "shuffle", True):
-        return make_random_sampler(dataset, seed=int(cfg_get(data_config, "seed", 1)))
+    if data.shuffle:
+        return make_random_sampler(dataset, seed=1 if data.seed is None else data.seed)
     return make_sequential_sampler(dataset)

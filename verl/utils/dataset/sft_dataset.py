@@ -11,6 +11,8 @@ the tokens themselves: the trainer weights the loss of predicting ``input_ids[:,
 
 Config keys (the ``data`` section of sft_trainer.yaml): prompt_key, response_key, prompt_dict_keys,
 response_dict_keys (walk into dict-valued columns), max_length, truncation (error|left|right), chat_template.
+``config`` may be a DictConfig, a mapping with any subset of the keys (the others take the schema's defaults) or a
+:class:`~verl.workers.config.data.SFTDataConfig`.
 """
 
 from __future__ import annotations
@@ -21,10 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from verl.utils.config import cfg_get
 from verl.utils.dataset.rl_dataset import _as_file_list, read_parquet_rows
-
-SFT_TRUNCATION_MODES = ("error", "left", "right")
+from verl.workers.config.data import SFTDataConfig, as_data_config
 
 
 def load_rows(files, required: list[str], max_samples: int = -1) -> tuple[list[dict], list[tuple[str, int]]]:
@@ -72,15 +72,12 @@ def pack_sft_item(
 class _SFTBase(Dataset):
     def __init__(self, tokenizer, config, max_samples: int):
         self.tokenizer = tokenizer
-        self.config = config
-        self.max_length = int(cfg_get(config, "max_length", 1024))
-        self.truncation = cfg_get(config, "truncation", "error")
-        self.chat_template = cfg_get(config, "chat_template", None)
+        self.config = config  # as given: a subclass may read keys of its own from it
+        self.data_config = data = as_data_config(config, SFTDataConfig)
+        self.max_length = data.max_length
+        self.truncation = data.truncation
+        self.chat_template = data.chat_template
         self.max_samples = -1 if max_samples is None else int(max_samples)
-        if self.truncation not in SFT_TRUNCATION_MODES:
-            raise ValueError(f"data.truncation={self.truncation!r} is not one of {'|'.join(SFT_TRUNCATION_MODES)}")
-        if self.max_length <= 0:
-            raise ValueError(f"data.max_length must be positive, got {self.max_length}")
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
         if self.chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -132,10 +129,11 @@ class SFTDataset(_SFTBase):
 
     def __init__(self, parquet_files, tokenizer, config, max_samples: int = -1):
         super().__init__(tokenizer, config, max_samples)
-        self.prompt_key = cfg_get(config, "prompt_key", "prompt")
-        self.response_key = cfg_get(config, "response_key", "response")
-        self.prompt_dict_keys = list(cfg_get(config, "prompt_dict_keys", []) or [])
-        self.response_dict_keys = list(cfg_get(config, "response_dict_keys", []) or [])
+        data = self.data_config
+        self.prompt_key = data.prompt_key
+        self.response_key = data.response_key
+        self.prompt_dict_keys = list(data.prompt_dict_keys or [])
+        self.response_dict_keys = list(data.response_dict_keys or [])
         if tokenizer.eos_token is None:
             raise ValueError("the tokenizer has no eos token; SFT appends it to every response")
         self.rows, self.origins = load_rows(

@@ -18,11 +18,12 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from verl.trainer.config_schema.engine import CheckpointConfig
 from verl.utils.chunked_head import DEFAULT_CHUNK_SIZE
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import copy_to_local
 from verl.utils.torch_functional import ENTROPY_CHUNK_ROWS
-from verl.workers.config import FSDPOptimizerConfig, config_class_for
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, config_class_for
 
 __all__ = ["EngineConfig", "plain", "typed_section", "actor_engine_config", "ref_engine_config",
            "critic_engine_config", "reward_engine_config", "sft_engine_config", "MODEL_KINDS"]
@@ -69,10 +70,11 @@ class EngineConfig:
     """What the engine builds (see ``FSDPEngine.build``).
 
     ``optim`` None means a frozen, forward-only model (reference policy, reward model); otherwise the role's
-    typed optimizer section (``verl.workers.config.OptimizerConfig``). ``fsdp`` is the role's ``fsdp_config``
-    section (``dtype`` / ``mixed_precision``, ``reshard_after_forward``, ``offload_policy``, ``wrap_policy``,
-    ``fsdp_size``); ``megatron`` the ``<role>.megatron`` keys as a dict. The defaults below are the engine's
-    when it is built by hand (tests, research code); the builders below pass every field from the config.
+    typed optimizer section (``verl.workers.config.OptimizerConfig``). ``fsdp`` is the role's typed ``fsdp_config``
+    section (``verl.workers.config.FSDPEngineConfig``: ``dtype`` / ``mixed_precision``, ``reshard_after_forward``,
+    ``offload_policy``, ``wrap_policy``), or None for plain FSDP2 sharding in the loaded dtype; ``megatron`` the
+    ``<role>.megatron`` keys as a dict. The defaults below are the engine's when it is built by hand (tests,
+    research code); the builders below pass every field from the config.
     """
 
     model_path: str
@@ -88,7 +90,7 @@ class EngineConfig:
     lora_alpha: float = 16
     target_modules: Any = "all-linear"
     exclude_modules: Any = None
-    fsdp: Any = field(default_factory=dict)
+    fsdp: Any = None
     param_offload: bool = False
     optimizer_offload: bool = False
     optim: Any = None
@@ -214,11 +216,15 @@ def reward_engine_config(rm_cfg: Any) -> EngineConfig:
     ``model_dtype`` and ``seed`` null by default: the weights load in fp32 with seed 42."""
     rm = typed_section(rm_cfg, "reward_model")
     model, fsdp = rm.model, rm.model.fsdp_config
+    model_dtype = str(fsdp.model_dtype or "fp32")
+    # the RM's section carries only some fsdp_config keys; it computes in the dtype it is loaded in
+    sharding = FSDPEngineConfig(wrap_policy=fsdp.wrap_policy, reshard_after_forward=fsdp.reshard_after_forward,
+                                forward_prefetch=fsdp.forward_prefetch, fsdp_size=fsdp.fsdp_size,
+                                param_offload=fsdp.param_offload, model_dtype=model_dtype, dtype=model_dtype)
     return EngineConfig(name="reward_model", strategy=rm.strategy, model_kind="reward",
                         use_remove_padding=model.use_remove_padding,
                         model_path=local_model_path(model), override_config=dict(model.override_config),
-                        trust_remote_code=bool(model.trust_remote_code), fsdp=fsdp,
-                        model_dtype=str(fsdp.model_dtype or "fp32"),
+                        trust_remote_code=bool(model.trust_remote_code), fsdp=sharding, model_dtype=model_dtype,
                         seed=int(fsdp.seed if fsdp.seed is not None else 42),
                         param_offload=bool(fsdp.param_offload))
 
@@ -238,11 +244,13 @@ def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) 
         enable_gradient_checkpointing=bool(model.enable_gradient_checkpointing),
         use_remove_padding=True,
         lora_rank=int(model.lora_rank), lora_alpha=float(model.lora_alpha), target_modules=plain(model.target_modules),
-        fsdp={"offload_policy": offload, **({"dtype": fsdp.dtype} if fsdp.dtype else {})},
+        # a null compute dtype computes in model_dtype
+        fsdp=FSDPEngineConfig(offload_policy=offload, model_dtype=fsdp.model_dtype,
+                              dtype=fsdp.dtype or fsdp.model_dtype),
         optim=FSDPOptimizerConfig(lr=float(optim.lr), betas=list(plain(optim.betas)),
                                   weight_decay=float(optim.weight_decay),
                                   lr_warmup_steps_ratio=float(optim.lr_warmup_steps_ratio),
                                   lr_scheduler_type=str(optim.lr_scheduler)),
         total_training_steps=int(total_training_steps), grad_clip=float(optim.clip_grad),
-        checkpoint=plain(trainer.checkpoint), seed=int(trainer.seed),
+        checkpoint=omega_conf_to_dataclass(trainer.checkpoint, CheckpointConfig), seed=int(trainer.seed),
     )

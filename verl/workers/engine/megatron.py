@@ -41,7 +41,6 @@ from transformers import AutoConfig
 from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, iter_hf_tp_shards, load_hf_weights
 from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, megatron_settings,
                                        optimizer_overrides, transformer_overrides)
-from verl.utils.config import cfg_get
 from verl.utils.device import get_device_name
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
 from verl.utils.megatron.checkpoint import MegatronCheckpointer, write_hf_dir
@@ -122,7 +121,7 @@ class MegatronEngine(TrainEngine):
             from megatron.core import parallel_state as ps
 
             params = [p for p in model.parameters() if p.requires_grad]
-            torch_kwargs = optimizer_overrides(dict(cfg_get(config.optim, "override_optimizer_config", None) or {}),
+            torch_kwargs = optimizer_overrides(dict(config.optim.override_optimizer_config or {}),
                                                f"{config.name}.optim.override_optimizer_config", on_cpu)
             if s["use_distributed_optimizer"] and ps.get_data_parallel_world_size() > 1:
                 plain = build_optimizer(params, config.optim, torch_kwargs)  # the class and arguments the config names

@@ -8,15 +8,29 @@ With a maximum response length ``L_max`` and a buffer ``L_cache`` (``overlong_bu
 i.e. 0 up to ``L_max - L_cache`` tokens, then linearly down to ``-penalty_factor`` at ``L_max``.
 Config (verl's names): ``reward_model.reward_kwargs.overlong_buffer_cfg.{enable, len, penalty_factor, log}`` and
 ``reward_model.reward_kwargs.max_resp_len`` (recipe/dapo spells the first ``reward_model.overlong_buffer``;
-``load_reward_manager`` accepts both).
+``load_reward_manager`` accepts both). The keys and defaults are
+:class:`verl.trainer.config_schema.ppo.OverlongBufferConfig`'s.
 """
 
 from __future__ import annotations
 
-from verl.utils.config import cfg_get
+from typing import Any
+
+from verl.trainer.config_schema.ppo import OverlongBufferConfig
+from verl.workers.config.base import check_section_values, coerce_section
 from verl.workers.reward_manager.abstract import AbstractRewardManager, RewardSample
 from verl.workers.reward_manager.registry import register
 
+OVERLONG_BUFFER_KEY = "reward_model.reward_kwargs.overlong_buffer_cfg"
+
+
+def overlong_buffer_config(value: Any, key: str = OVERLONG_BUFFER_KEY) -> OverlongBufferConfig:
+    """``value`` (a mapping, DictConfig, an ``OverlongBufferConfig`` or None for the defaults) as a checked
+    ``OverlongBufferConfig``; an unknown key, a wrong type or a value out of range is a ConfigError naming
+    ``<key>.<name>``."""
+    cfg = coerce_section(OverlongBufferConfig, value, f"{key}.", strict=True)
+    check_section_values(cfg, f"{key}.")
+    return cfg
 
 
 def overlong_penalty(response_length: int, max_resp_len: int, buffer_len: int, penalty_factor: float) -> float:
@@ -35,14 +49,14 @@ class DAPORewardManager(AbstractRewardManager):
     def __init__(self, tokenizer, num_examine=0, compute_score=None, reward_fn_key="data_source",
                  max_resp_len: int | None = None, overlong_buffer_cfg=None, **reward_kwargs) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **reward_kwargs)
-        self.overlong_buffer_cfg = overlong_buffer_cfg
+        self.overlong_buffer_cfg = cfg = overlong_buffer_config(overlong_buffer_cfg)
         self.max_resp_len = max_resp_len
-        if cfg_get(overlong_buffer_cfg, "enable", False):
-            buffer_len = cfg_get(overlong_buffer_cfg, "len")
+        if cfg.enable:
+            buffer_len = cfg.len
             if max_resp_len is None:
                 raise ValueError("dapo reward manager: overlong_buffer_cfg.enable=True needs max_resp_len "
                                  "(set reward_model.reward_kwargs.max_resp_len, usually data.max_response_length)")
-            if not buffer_len or buffer_len <= 0:
+            if buffer_len == 0:
                 raise ValueError(f"dapo reward manager: overlong_buffer_cfg.len must be > 0, got {buffer_len!r}")
             if max_resp_len < buffer_len:
                 raise ValueError(f"dapo reward manager: max_resp_len ({max_resp_len}) must be >= "
@@ -57,12 +71,12 @@ class DAPORewardManager(AbstractRewardManager):
 
     def postprocess(self, samples, scores, extra):
         cfg = self.overlong_buffer_cfg
-        if not cfg_get(cfg, "enable", False):
+        if not cfg.enable:
             return scores, extra
-        buffer_len, factor = int(cfg_get(cfg, "len")), float(cfg_get(cfg, "penalty_factor", 1.0))
-        penalties = [overlong_penalty(s.valid_response_length, int(self.max_resp_len), buffer_len, factor)
-                     for s in samples]
-        if cfg_get(cfg, "log", False):
+        factor = float(cfg.penalty_factor)
+        max_len = int(self.max_resp_len)
+        penalties = [overlong_penalty(s.valid_response_length, max_len, cfg.len, factor) for s in samples]
+        if cfg.log:
             extra["overlong_reward"] = penalties
             extra["overlong"] = [p < 0 for p in penalties]
         return [score + p for score, p in zip(scores, penalties)], extra
