@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from functools import partial
 
 import hydra
@@ -20,39 +19,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
-from verl.trainer.config_schema.ppo import PPOTrainerConfig
-from verl.trainer.config_schema.spec import Section, build, key, section
+from verl.trainer.config_schema.one_step_off import OneStepOffConfig, RolloutPool
+from verl.trainer.config_schema.spec import build
 from verl.trainer.main_ppo import TaskRunner, config_error_exit, precheck_cli, run_ppo
 from verl.trainer.preference.driver import quiet_searchpath_warning
 from verl.utils.config import ConfigError
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 CONFIG_NAME = "one_step_off_ppo_trainer"
-HERE = "verl/experimental/one_step_off_policy/main_ppo.py"
-
-
-@dataclass(frozen=True)
-class RolloutPool(Section):
-    """The top-level ``rollout`` section of this mode's yaml: the rollout's own pool of processes."""
-
-    nnodes: int = key(1, "rollout pool: nodes", ge=1, read_in=(HERE,))
-    n_gpus_per_node: int = key(1, "rollout pool: processes per node (on CPU a 'gpu' is a worker process)", ge=1,
-                               read_in=(HERE,))
-    overlap: bool = key(True, "generate the next batch while the current one trains (false: synchronous, on the "
-                              "same two pools)", read_in=(HERE,))
-
-    @property
-    def spec(self) -> list[int]:
-        return [self.n_gpus_per_node] * self.nnodes
-
-
-@dataclass(frozen=True)
-class OneStepOffConfig(PPOTrainerConfig):
-    """``one_step_off_ppo_trainer.yaml``, typed: the PPO trainer's config plus the rollout pool."""
-
-    rollout: RolloutPool = section(RolloutPool)
-
-
 def typed_one_step_off_config(config: DictConfig) -> OneStepOffConfig:
     """``config`` typed once (keys it leaves out take the schema's defaults)."""
     try:
