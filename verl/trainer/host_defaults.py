@@ -60,7 +60,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from verl.trainer.config_schema.ppo import PPOTrainerConfig
+from verl.trainer.config_schema.ppo import PPOTrainerConfig, as_ppo_config
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import build
 from verl.utils.device import cpu_has_native_bf16, onednn_isa_cap, resolve_device
@@ -96,7 +96,7 @@ def old_log_prob_update_blocker(config: DictConfig, typed: PPOTrainerConfig | No
     reads the old log-probs before the update: one epoch, one mini-batch (every later mini-batch would see
     updated weights), no KL penalty in the reward, no rollout importance sampling or bypass mode. ``typed``: the
     config's typed view, when the caller has built it."""
-    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config, typed)
     actor, algorithm = typed.actor_rollout_ref.actor, typed.algorithm
     if actor.strategy not in ("fsdp", "fsdp2"):
         return f"{AR}.actor.strategy={actor.strategy} scores old log-probs in its own pass"
@@ -274,7 +274,7 @@ def resolve_torch_compile(config: DictConfig, device: str, explicit: set[str] | 
     config's typed view, when the caller has built it."""
     if device != "cpu":
         return []
-    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config, typed)
     defaults = defaults if defaults is not None else _shipped_defaults()
     changes = []
     for key in COMPILE_KEYS:
@@ -294,7 +294,7 @@ def resolve_reward_model_micro_batch(config: DictConfig, typed: PPOTrainerConfig
     """An enabled reward model with no micro batch (verl's reward-loop scripts set none: its reward server batches
     by itself) scores in micro-batches of the rollout's log-prob pass, a forward over the same sequences. Returns
     the change made, or None. ``typed``: the config's typed view, when the caller has built it."""
-    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config, typed)
     rm = typed.reward_model
     if not rm.enable or rm.use_dynamic_bsz:
         return None
@@ -317,7 +317,7 @@ def resolve_lora_adapter(config: DictConfig, typed: PPOTrainerConfig | None = No
     the engine, the rollout and the reference (the adapter-free base) read. Keys the user set to other values are
     left for validation to name. Returns the changes made. ``typed``: the config's typed view, when the caller has
     built it."""
-    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config, typed)
     model = typed.actor_rollout_ref.model
     if not model.lora_adapter_path or model.lora_rank:  # a rank of 0 (verl's default) or null: not set
         return []

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from verl.trainer.config_schema import PPOPlan, validate_ppo_config
-from verl.trainer.config_schema.ppo import AlgorithmConfig, DataConfig, PPOTrainerConfig
+from verl.trainer.config_schema.ppo import AlgorithmConfig, DataConfig, PPOTrainerConfig, as_ppo_config
 from verl.trainer.config_schema.profiler import PROFILED_ROLES
 from verl.trainer.config_schema.spec import build, specs
 from verl.trainer.host_defaults import explicit_override_keys, resolve_host_defaults
@@ -157,7 +157,7 @@ def typed_run_config(config: DictConfig, plan: PPOPlan | None = None) -> PPOTrai
     recipe's driver checks its config its own way and has no plan)."""
     if plan is not None and plan.config is not None:
         return plan.config
-    return build(PPOTrainerConfig, config)
+    return as_ppo_config(config)
 
 
 def absolutize_local_paths(config: DictConfig, plan: PPOPlan | None = None) -> None:

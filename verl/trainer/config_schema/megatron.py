@@ -10,8 +10,7 @@ import os
 from operator import attrgetter
 
 from verl.models.mcore.settings import check_megatron_settings, optimizer_overrides, transformer_overrides
-from verl.trainer.config_schema.ppo import PPOTrainerConfig
-from verl.trainer.config_schema.spec import build
+from verl.trainer.config_schema.ppo import PPOTrainerConfig, as_ppo_config
 from verl.utils.config import ConfigError
 from verl.utils.device import get_device_name
 
@@ -47,7 +46,7 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
     """Megatron keys only with strategy=megatron; sizes that divide the processes, heads and layers; a
     supported architecture; one parallel grid per worker group; no LoRA / Megatron reward model. ``typed``: the
     config's typed view, when the caller has built it."""
-    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config, typed)
     ar = typed.actor_rollout_ref
     roles = [(f"{AR}.actor", ar.actor, f"{AR}.model.path"), (f"{AR}.ref", ar.ref, f"{AR}.model.path"),
              ("critic", typed.critic, "critic.model.path")]

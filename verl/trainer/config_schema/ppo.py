@@ -4,7 +4,7 @@ the root :class:`PPOTrainerConfig` that ties the sections together."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
@@ -13,7 +13,7 @@ from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWA
                                                WORKER_GROUPS, WORKERS)
 from verl.trainer.config_schema.profiler import GlobalProfilerConfig
 from verl.trainer.config_schema.rollout import RolloutConfig
-from verl.trainer.config_schema.spec import Section, key, section
+from verl.trainer.config_schema.spec import Section, build, key, section
 
 TRUNCATIONS = ("error", "left", "right", "middle")
 LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
@@ -315,3 +315,11 @@ class PPOTrainerConfig(Section):
     ray_init: RayInitConfig = section(RayInitConfig)
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig)
+
+
+def as_ppo_config(config: Any, typed: Optional[PPOTrainerConfig] = None) -> PPOTrainerConfig:
+    """The PPO config's typed view: ``typed`` when the caller already has it, ``config`` itself when it is one,
+    else built from ``config`` (a DictConfig or a mapping; keys it leaves out take the schema's defaults)."""
+    if typed is not None:
+        return typed
+    return config if isinstance(config, PPOTrainerConfig) else build(PPOTrainerConfig, config)

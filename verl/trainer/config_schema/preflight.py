@@ -38,8 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, ListConfig
 
-from verl.trainer.config_schema.ppo import PPOTrainerConfig
-from verl.trainer.config_schema.spec import build
+from verl.trainer.config_schema.ppo import PPOTrainerConfig, as_ppo_config
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import kept_rows
 from verl.utils.reward_score import get_score_fn, supported_data_sources
@@ -56,10 +55,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 TOKENIZER_SUFFIXES = (".tiktoken", ".model", ".spm")
 
 
-def _typed(config: DictConfig, typed: Optional[PPOTrainerConfig]) -> PPOTrainerConfig:
-    return typed if typed is not None else build(PPOTrainerConfig, config)
-
-
 def _paths(value: Any) -> list[str]:
     if value is None:
         return []
@@ -70,7 +65,7 @@ def _paths(value: Any) -> list[str]:
 def check_run_files(config: DictConfig, use_critic: bool, typed: Optional[PPOTrainerConfig] = None) -> None:
     """Every check of this module, in the order a run would meet the problems. ``typed``: the config's typed view,
     when the caller has built it (each check below takes it the same way)."""
-    typed = _typed(config, typed)
+    typed = as_ppo_config(config, typed)
     check_tokenizer(config, typed=typed)
     check_user_code(config, typed=typed)
     check_data(config, typed=typed)
@@ -185,7 +180,7 @@ def _check_reward_fields(typed: PPOTrainerConfig, f: _DataFile, keep: Optional[n
 
 def check_data(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> None:
     """Readable files with rows, the prompt column, enough training rows, and the reward fields (module doc)."""
-    typed = _typed(config, typed)
+    typed = as_ppo_config(config, typed)
     data = typed.data
     if data.custom_cls.path:
         return  # the user's dataset class reads the files its own way
@@ -218,7 +213,7 @@ def check_data(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> 
 
 def check_tokenizer(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> None:
     """The actor's tokenizer directory holds tokenizer files (a hub id or cached model is not checked)."""
-    model = _typed(config, typed).actor_rollout_ref.model
+    model = as_ppo_config(config, typed).actor_rollout_ref.model
     key, value = ((f"{AR}.model.tokenizer_path", model.tokenizer_path) if model.tokenizer_path
                   else (f"{AR}.model.path", model.path))
     path = os.path.expanduser(str(value))
@@ -298,7 +293,7 @@ def _check_defined(path_key: str, name_key: str, path: Any, name: Any, what: str
 
 def check_user_code(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> None:
     """The functions and classes named by the config exist in the user's files."""
-    typed = _typed(config, typed)
+    typed = as_ppo_config(config, typed)
     scorer, dataset, manager = typed.custom_reward_function, typed.data.custom_cls, typed.reward_manager
     _check_defined("custom_reward_function.path", "custom_reward_function.name", scorer.path, scorer.name,
                    "scoring function")
@@ -353,7 +348,7 @@ def _check_resume_path(value: Any, use_critic: bool) -> None:
 
 def check_output_dirs(config: DictConfig, use_critic: bool, typed: Optional[PPOTrainerConfig] = None) -> None:
     """The directories the run writes can be written; a resume path holds the roles' checkpoints."""
-    typed = _typed(config, typed)
+    typed = as_ppo_config(config, typed)
     for key, what in OUTPUT_DIRS.items():
         _check_output_dir(key, attrgetter(key)(typed), what)
     if typed.trainer.resume_mode == "resume_path":

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from verl.experimental.agent_loop.config import check_agent_loop_config
 from verl.trainer.config_schema.megatron import check_megatron_config
-from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig
+from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig, as_ppo_config
 from verl.trainer.config_schema.preflight import check_run_files
 from verl.trainer.config_schema.profiler import check_profiler_config
 from verl.trainer.config_schema.spec import build, check_config, choices_message
@@ -106,7 +106,7 @@ def import_registrations(config: DictConfig, typed: Optional[PPOTrainerConfig] =
         load_plugins()
     except ImportError as e:
         raise ConfigError(str(e)) from None
-    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config, typed)
     libs = typed.actor_rollout_ref.model.external_lib
     try:
         import_external_libs(list(libs) if isinstance(libs, (list, ListConfig)) else libs)
@@ -216,7 +216,7 @@ def check_mutually_exclusive(cfg: DictConfig, prefix: str, mbs_key: str, require
     """verl's rule: give exactly one of ``<prefix>.<mbs_key>`` (deprecated, global) and ``..._per_gpu``.
     ``section``: the typed ``<prefix>`` section, when the caller has built it; whether the per-device key holds
     a value of its own (not a copy of another key) is read from ``cfg`` as written."""
-    section = section if section is not None else _value(build(PPOTrainerConfig, cfg), prefix)
+    section = section if section is not None else _value(as_ppo_config(cfg), prefix)
     glob_key, per_key = f"{prefix}.{mbs_key}", f"{prefix}.{mbs_key}_per_gpu"
     has_glob = getattr(section, mbs_key) is not None
     has_per = _user_set(cfg, per_key)
@@ -286,7 +286,7 @@ def _check_sandbox_url(typed: PPOTrainerConfig) -> None:
 def _check_pf_ppo(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) -> None:
     """``algorithm.pf_ppo.*`` (checked even with PF-PPO off, so a typo does not wait for the day it is on).
     ``typed``: the config's typed view, when the caller has built it."""
-    algorithm = (typed if typed is not None else build(PPOTrainerConfig, config)).algorithm
+    algorithm = as_ppo_config(config, typed).algorithm
     _check_choice("algorithm.pf_ppo.reweight_method", _value(algorithm, "pf_ppo.reweight_method"), REWEIGHT_METHODS)
     weight_pow = _value(algorithm, "pf_ppo.weight_pow")
     if isinstance(weight_pow, bool) or not isinstance(weight_pow, (int, float)) or not 0 <= weight_pow < float("inf"):
@@ -301,7 +301,7 @@ def _check_pf_ppo(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) 
 def need_critic(config: Any) -> bool:
     """verl's rule: ``critic.enable`` if set, else a critic exactly when the estimator is GAE. ``config``: the
     typed config, or a Hydra config (its typed view is built here)."""
-    typed = config if isinstance(config, PPOTrainerConfig) else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config)
     if typed.critic.enable is not None:
         return bool(typed.critic.enable)
     return typed.algorithm.adv_estimator == "gae"
@@ -314,7 +314,7 @@ def slow_half_precision_keys(config: DictConfig, use_critic: bool = True, use_re
                              typed: Optional[PPOTrainerConfig] = None) -> list[str]:
     """The compute-dtype keys set to bf16/fp16 (verl's default for ``fsdp_config.dtype`` and ``rollout.dtype``).
     ``typed``: the config's typed view, when the caller has built it."""
-    typed = typed if typed is not None else build(PPOTrainerConfig, config)
+    typed = as_ppo_config(config, typed)
     ar = "actor_rollout_ref"
     keys = [f"{ar}.actor.fsdp_config.dtype", f"{ar}.actor.fsdp_config.mixed_precision.param_dtype",
             f"{ar}.actor.fsdp_config.model_dtype", f"{ar}.rollout.dtype"]
@@ -339,7 +339,7 @@ def warn_slow_cpu_bf16(config: DictConfig, use_critic: bool = True, use_ref: boo
 
 def typed_ppo_config(config: DictConfig) -> PPOTrainerConfig:
     """The (validated) config as frozen typed objects: ``typed.actor_rollout_ref.actor.optim.lr`` ..."""
-    return build(PPOTrainerConfig, config)
+    return as_ppo_config(config)
 
 
 def _registry_choices() -> dict:

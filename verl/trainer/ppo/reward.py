@@ -22,18 +22,12 @@ import ray
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from verl.trainer.config_schema.ppo import PPOTrainerConfig
-from verl.trainer.config_schema.spec import build
+from verl.trainer.config_schema.ppo import PPOTrainerConfig, as_ppo_config
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import get_reward_manager_cls
 
 __all__ = ["CustomRewardFunction", "get_custom_reward_fn", "load_reward_manager", "compute_reward", "compute_reward_async",
            "load_extern_object", "RewardLoop", "RewardLoopWorker"]
-
-
-def _typed(config: Any) -> PPOTrainerConfig:
-    """The config's typed view: ``config`` itself when already typed, else built from it (a DictConfig or dict)."""
-    return config if isinstance(config, PPOTrainerConfig) else build(PPOTrainerConfig, config)
 
 
 def _to_dict(node: Any) -> dict:
@@ -98,7 +92,7 @@ class CustomRewardFunction:
 def get_custom_reward_fn(config) -> Callable | None:
     """The user's scoring function from ``custom_reward_function.path`` / ``.name`` (default
     ``compute_score``), with ``custom_reward_function.reward_kwargs`` bound; None when no path is set."""
-    custom = _typed(config).custom_reward_function
+    custom = as_ppo_config(config).custom_reward_function
     if not custom.path:
         return None
     fn = CustomRewardFunction(str(custom.path), str(custom.name), _to_dict(custom.reward_kwargs))
@@ -129,7 +123,7 @@ def load_reward_manager(config, tokenizer, num_examine: int, **reward_kwargs):
     go to the manager's constructor, e.g. ``max_resp_len`` / ``overlong_buffer_cfg`` for ``dapo`` or
     ``num_processes`` / ``timeout`` for ``prime``.
     """
-    typed = _typed(config)
+    typed = as_ppo_config(config)
     reward_model, manager = typed.reward_model, typed.reward_manager
     compute_score = get_custom_reward_fn(typed) or default_compute_score
     sandbox = reward_model.sandbox_fusion
