@@ -34,7 +34,7 @@ class RayDAPOTrainer(RayPPOTrainer):
     learning signal; everything after the filter is the PPO step (``_learn``)."""
 
     def _loader_batch(self) -> tuple[int, str]:
-        gen_bsz = self.config.data.get("gen_batch_size", None)
+        gen_bsz = self.typed_config.data.gen_batch_size
         if gen_bsz is None:
             return super()._loader_batch()
         return int(gen_bsz), "data.gen_batch_size"
@@ -62,17 +62,17 @@ class RayDAPOTrainer(RayPPOTrainer):
         return batch
 
     def train_step(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
-        cfg = self.config
-        filter_cfg = cfg.algorithm.get("filter_groups", None) or {}
-        if not filter_cfg.get("enable", False):
+        cfg = self.typed_config
+        filter_cfg = cfg.algorithm.filter_groups
+        if not filter_cfg.enable:
             batch = self._score(self._rollout(batch, metrics, timing_raw), timing_raw)
             metrics["train/num_gen_batches"] = 1
             metrics["train/gen_score/mean"] = float(batch.batch["token_level_scores"].sum(-1).double().mean())
             return self._learn(batch, metrics, timing_raw)
 
         sampler = DynamicSampler(train_batch_size=int(cfg.data.train_batch_size),
-                                 n=int(cfg.actor_rollout_ref.rollout.n), metric=str(filter_cfg.get("metric")),
-                                 max_num_gen_batches=int(filter_cfg.get("max_num_gen_batches", 0) or 0))
+                                 n=int(cfg.actor_rollout_ref.rollout.n), metric=str(filter_cfg.metric),
+                                 max_num_gen_batches=int(filter_cfg.max_num_gen_batches or 0))
         while not sampler.add(self._score(self._rollout(batch, metrics, timing_raw), timing_raw)):
             print(f"step {self.global_steps}: {sampler.kept_groups}/{sampler.train_batch_size} prompt groups kept "
                   f"after {sampler.num_gen_batches} generation rounds; generating more", flush=True)

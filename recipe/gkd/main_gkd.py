@@ -38,11 +38,12 @@ from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.losses import generalized_jsd, reverse_kl
-from verl.trainer.preference.prompt_sampling import PromptSource, sample_responses, sequence_scores
+from verl.trainer.preference.prompt_sampling import prompt_sources, sample_responses, sequence_scores
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
 from verl.utils.model import check_model_dir, load_hf_config
 from verl.workers.engine import MicroBatchSpec, TrainSpec
+from verl.workers.config.roles import typed_section
 from verl.workers.preference_worker import PreferenceWorker
 
 __all__ = ["DistillationLoss", "check_config", "teacher_worker_config", "GKDTrainer", "check_command_line"]
@@ -118,7 +119,7 @@ def teacher_worker_config(config: DictConfig) -> DictConfig:
     ``fsdp_config`` and log-prob micro-batch as the reference policy's, the student's actor keys for sharding."""
     arr, teacher = config.actor_rollout_ref, config.actor_rollout_ref.teacher
     path = os.path.expanduser(str(teacher.model.path))
-    model = {"path": os.path.abspath(path) if os.path.exists(path) else path, "trust_remote_code": bool(teacher.model.get("trust_remote_code", False)),
+    model = {"path": os.path.abspath(path) if os.path.exists(path) else path, "trust_remote_code": bool(typed_section(teacher.model, "actor_rollout_ref.model").trust_remote_code),
              "override_config": _plain(teacher.model.get("override_config")),
              "tokenizer_path": arr.model.get("tokenizer_path") or str(arr.model.path)}
     ref = {"fsdp_config": _plain(teacher.get("fsdp_config")),
@@ -139,7 +140,7 @@ class GKDTrainer(RecipeDriver):
             raise ConfigError(f"actor_rollout_ref.teacher.model.path: the teacher's vocabulary ({teacher.vocab_size}"
                               f" tokens) differs from the student's ({student.vocab_size}); distillation compares "
                               "next-token distributions, so both need the same tokenizer")
-        self.seed = int(config.trainer.get("seed", 0) or 0)
+        self.seed = int(self.trainer_config.seed or 0)
         self.world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
         rows = int(config.data.train_batch_size) * int(config.actor_rollout_ref.rollout.n)
         if rows % self.world:
@@ -149,10 +150,7 @@ class GKDTrainer(RecipeDriver):
                               epochs=int(config.gkd.epochs), weight_by="tokens", mask_key="response_mask",
                               outputs=self.loss.outputs, grad_norm_key="actor/grad_norm",
                               temperature=1.0 if self.loss.loss_type == "jsd" else self.loss.temperature)
-        self.prompts = PromptSource(config.data.train_files, tokenizer, config.data, config.data.train_batch_size,
-                                    self.seed, int(config.data.get("train_max_samples", -1)))
-        self.val = (PromptSource(config.data.val_files, tokenizer, config.data, 1, self.seed,
-                                 int(config.data.get("val_max_samples", -1))) if config.data.get("val_files") else None)
+        self.prompts, self.val = prompt_sources(config.data, tokenizer, self.seed)
         self.reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
         self.teacher_config = teacher_worker_config(config)
 

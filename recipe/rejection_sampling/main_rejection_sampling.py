@@ -26,9 +26,10 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
-from verl.trainer.preference.prompt_sampling import (PromptSource, greedy_validation, sample_responses,
+from verl.trainer.preference.prompt_sampling import (prompt_sources, greedy_validation, sample_responses,
                                                     sequence_scores)
 from verl.utils.config import ConfigError
+from verl.workers.config.roles import typed_section
 from verl.utils.metric import reduce_metrics
 from verl.workers.engine import MicroBatchSpec, TrainSpec
 from verl.workers.preference_worker import PreferenceWorker
@@ -67,7 +68,7 @@ def check_config(config: DictConfig) -> None:
     n = int(rollout.n)
     if n < 1:
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}: sample at least 1 response per prompt")
-    if not bool(rollout.get("do_sample", True)) and n > 1:
+    if not typed_section(rollout, "actor_rollout_ref.rollout").do_sample and n > 1:
         raise ConfigError("actor_rollout_ref.rollout.do_sample=false gives n identical greedy samples; set it to "
                           "true for best-of-n")
     keep = int(rs.keep_per_prompt)
@@ -92,12 +93,9 @@ class RejectionSamplingTrainer(RecipeDriver):
     def __init__(self, config: DictConfig, tokenizer):
         super().__init__(config)
         check_config(config)
-        self.tokenizer, self.seed = tokenizer, int(config.trainer.get("seed", 0) or 0)
+        self.tokenizer, self.seed = tokenizer, int(self.trainer_config.seed or 0)
         self.world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
-        self.prompts = PromptSource(config.data.train_files, tokenizer, config.data, config.data.train_batch_size,
-                                    self.seed, int(config.data.get("train_max_samples", -1)))
-        self.val = (PromptSource(config.data.val_files, tokenizer, config.data, 1, self.seed,
-                                 int(config.data.get("val_max_samples", -1))) if config.data.get("val_files") else None)
+        self.prompts, self.val = prompt_sources(config.data, tokenizer, self.seed)
         self.reward_fn = load_reward_manager(config, tokenizer, num_examine=0)
         self.loss = SFTLoss()
 

@@ -30,6 +30,7 @@ from verl.trainer.preference.pairs import REF_KEY, PairwisePreferenceLoss
 from verl.trainer.preference.prompt_sampling import sample_responses
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
+from verl.workers.config.data import as_data_config
 
 __all__ = ["SPINTrainer", "check_config", "same_response", "response_texts", "check_command_line"]
 
@@ -75,11 +76,11 @@ class SPINTrainer(OnlinePreferenceDriver):
     def __init__(self, config: DictConfig, tokenizer):
         self.loss = check_config(config)
         super().__init__(config, tokenizer)
-        data = config.data
-        self.batch_size = int(data.train_batch_size)
-        self.train = ResponseDataset(data.train_files, tokenizer, data, int(data.get("train_max_samples", -1)))
-        self.val = (ResponseDataset(data.val_files, tokenizer, data, int(data.get("val_max_samples", -1)))
-                    if data.get("val_files") else None)
+        data, typed = config.data, as_data_config(config.data)
+        self.batch_size = int(typed.train_batch_size)
+        self.train = ResponseDataset(data.train_files, tokenizer, data, int(typed.train_max_samples))
+        self.val = (ResponseDataset(data.val_files, tokenizer, data, int(typed.val_max_samples))
+                    if typed.val_files else None)
         batch_indices(len(self.train), self.batch_size, self.seed, 0)  # a batch larger than the data fails here
 
     def step(self) -> dict:

@@ -31,7 +31,8 @@ def test_the_extracted_overrides_cover_every_example_launch(data):
     scripts = data["scripts"]
     assert data["source"]["ref"] == "v0.7.0" and len(scripts) >= 129
     entry_points = {entry["entrypoint"] for entry in scripts.values()}
-    assert {"verl.trainer.main_ppo", "verl.trainer.fsdp_sft_trainer", "verl.trainer.main_generation"} <= entry_points
+    assert {"verl.trainer.main_ppo", "verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer",
+            "verl.trainer.main_generation"} <= entry_points
     for script, entry in scripts.items():
         assert entry["overrides"], script
         assert not any("__UNSET_" in o for o in entry["overrides"]), script  # extract.py resolved or substituted

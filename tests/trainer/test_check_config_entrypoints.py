@@ -1,4 +1,4 @@
-"""``--check-config`` on the SFT trainer and the recipes' entry points (main_ppo has its own tests).
+"""``--check-config`` on the SFT trainers (both layouts) and the recipes' entry points (main_ppo has its own tests).
 
 Every entry point has ``check_command_line(argv)``, the function the flag runs. For each one, in this process: a good
 command line passes and a bad one raises ConfigError naming the key; neither starts Ray or a process group, and
@@ -70,9 +70,15 @@ def _sft(a):
             "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2"]
 
 
+def _sft_engine(a):
+    # verl 0.7's layout (sft_trainer_engine.yaml): rows are message lists, read at run time, not by the check
+    return [f"data.train_files={a['sft']}", f"model.path={a['model']}", "data.train_batch_size=8"]
+
+
 # entry point -> (good overrides, a bad override, the key its error must name); the output directory is added below
 ENTRY_POINTS = {
     "verl.trainer.fsdp_sft_trainer": (_sft, "optim.clip_grad=-1", "optim.clip_grad"),
+    "verl.trainer.sft_trainer": (_sft_engine, "engine.fsdp_size=0", "engine.fsdp_size"),
     "recipe.dpo.main_dpo": (_pref, "dpo.micro_batch_size_per_gpu=3", "dpo.micro_batch_size_per_gpu"),
     "recipe.simpo.main_simpo": (_pref, "simpo.micro_batch_size_per_gpu=3", "simpo.micro_batch_size_per_gpu"),
     "recipe.reward_model.main_reward_model": (_pref, "data.train_batch_size=1000", "data.train_batch_size"),

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.trainer.validator_assets import write_validator_assets
 from verl.trainer.config_schema import validate_ppo_config
-from verl.trainer import main_eval, main_generation
+from verl.trainer import main_eval, main_generation, sft_trainer
 from verl.trainer.config_schema.catalog import SHIPPED
 from verl.trainer.config_schema.spec import KeySpec, _leaf_paths, accepted, check_value, specs
 from verl.trainer.sft.config import validate_sft_config
@@ -111,6 +111,7 @@ def bases(assets):
     fsdp = ["actor_rollout_ref.actor.strategy=fsdp", "critic.strategy=fsdp", "reward_model.strategy=fsdp"]
     return {"ppo_trainer": _compose("ppo_trainer", ppo), "ppo_megatron_trainer": _compose("ppo_megatron_trainer", ppo + fsdp),
             "sft_trainer": _compose("sft_trainer", data),
+            "sft_trainer_engine": _compose("sft_trainer_engine", data + [f"model.path={assets / 'model'}"]),
             "generation": _compose("generation", [f"data.path={assets / 'train.parquet'}", f"model.path={assets / 'model'}",
                                                   f"data.output_path={assets / 'out.parquet'}"]),
             "evaluation": _compose("evaluation")}
@@ -121,6 +122,8 @@ def _validate(name: str, cfg: DictConfig) -> None:
         validate_ppo_config(cfg)
     elif name == "sft_trainer":
         validate_sft_config(cfg, 1, "cpu")
+    elif name == "sft_trainer_engine":
+        sft_trainer.prepare(cfg, 1)
     elif name == "generation":
         main_generation.validate_generation_config(cfg)
     else:
@@ -176,3 +179,4 @@ def test_cases_cover_every_yaml():
     assert counts["ppo_trainer"] > 350 and counts["ppo_megatron_trainer"] >= 14
     assert set(LEAVES["ppo_trainer"]) < set(LEAVES["ppo_megatron_trainer"])
     assert counts["sft_trainer"] > 55 and counts["generation"] > 40 and counts["evaluation"] >= 9
+    assert counts["sft_trainer_engine"] > 100

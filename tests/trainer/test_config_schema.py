@@ -90,13 +90,20 @@ def _yaml_key_lines(text: str):
         yield ".".join(k for _, k in stack), line
 
 
-@pytest.mark.parametrize("name", ["ppo_trainer", "sft_trainer"])
-def test_yaml_marks_exactly_the_default_only_keys(name):
+@pytest.mark.parametrize("name, file, prefix", [
+    ("ppo_trainer", "ppo_trainer.yaml", ""), ("sft_trainer", "sft_trainer.yaml", ""),
+    # sft_trainer_engine.yaml and the Hydra group files it composes (each under its package)
+    ("sft_trainer_engine", "sft_trainer_engine.yaml", ""), ("sft_trainer_engine", "model/hf_model.yaml", "model."),
+    ("sft_trainer_engine", "engine/fsdp.yaml", "engine."), ("sft_trainer_engine", "optim/fsdp.yaml", "optim."),
+    ("sft_trainer_engine", "profiler/profiler.yaml", "profiler.")])
+def test_yaml_marks_exactly_the_default_only_keys(name, file, prefix):
     schema = next(y.schema for y in SHIPPED if y.name == name)
     table = specs(schema)
-    text = (Path(CONFIG_DIR) / f"{name}.yaml").read_text()
+    text = (Path(CONFIG_DIR) / file).read_text()
+    lines = [(prefix + path, line) for path, line in _yaml_key_lines(text)]
+    assert any(path in table for path, _ in lines)
     wrong = [f"{path}: marked {'[default only]' in line}, schema unsupported={table[path].unsupported!r}"
-             for path, line in _yaml_key_lines(text)
+             for path, line in lines
              if path in table and ("[default only]" in line) != (table[path].unsupported is not None)]
     assert wrong == []
 

@@ -199,17 +199,18 @@ def test_megatron_optimizer_fields_and_scheduler_keys_of_verl_scripts(assets):
 
 @pytest.mark.parametrize("overrides, words", [
     (("actor_rollout_ref.actor.megatron.use_dist_checkpointing=True",),
-     "use_dist_checkpointing=True is not supported: starting from a Megatron distributed checkpoint"),
+     "use_dist_checkpointing=True needs actor_rollout_ref.actor.megatron.dist_checkpointing_path"),
     (("actor_rollout_ref.actor.optim.lr_decay_style=cosine",), "lr_decay_style='cosine' is not supported"),
     (("actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=flashy",),
      "attention_backend='flashy' is not one of flash, fused, unfused, local, auto"),
     (("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2"),
      "differs from actor_rollout_ref.actor.megatron"),
-    (("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=2",), "have no experts"),
+    (("actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",),
+     "has no experts; expert parallelism needs a mixture-of-experts model"),
     (("+actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=True",),
      "override_transformer_config.gradient_accumulation_fusion=True needs CUDA kernels"),
-    (("+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",),
-     "needs a CUDA device"),
+    (("+actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=flex",),
+     "the flex token dispatcher (DeepEP) needs CUDA kernels"),
     (("+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers=3",),
      "override_transformer_config.num_layers is set by the engine"),
 ])

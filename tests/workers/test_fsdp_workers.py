@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
+from verl.workers.config.roles import reward_model_sections
 
 N_SAMPLES, RESP_LEN, N_PROMPTS = 2, 8, 4
 TEXTS = ["1+2=", "12+30=", "7*7=", "100-1="]
@@ -422,7 +423,7 @@ def test_reward_model_retokenises_with_chat_template(model_dir):
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     worker = RewardModelWorker.__new__(RewardModelWorker)  # only the re-tokenising half, no process group
-    worker.config = OmegaConf.create({"max_length": 64})
+    worker.rm_config = reward_model_sections({"max_length": 64})  # what __init__ builds from the section
     worker.tokenizer, worker.input_tokenizer = tok, tok
     chats = [[{"role": "user", "content": "1+2="}], [{"role": "user", "content": "30+12="}]]
     tok.padding_side = "left"

@@ -64,7 +64,7 @@ from transformers import AutoTokenizer
 from verl.protocol import DataProto
 from verl.single_controller.base.worker import get_free_port
 from verl.trainer.check_config import check_config_if_asked, compose_cli, split_cli
-from verl.trainer.sft.config import SFTPlan, check_sequence_parallel_model, validate_sft_config
+from verl.trainer.sft.config import SFTPlan, check_sequence_parallel_model, typed_sft_config, validate_sft_config
 from verl.utils.checkpoint.hf_export import HF_SUBDIR, latest_step, mark_latest, prune_checkpoints, step_dir
 from verl.utils.config import ConfigError, check_overrides
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
@@ -74,6 +74,7 @@ from verl.utils.fs import copy_to_local
 from verl.utils.import_utils import import_external_libs, load_extern_type
 from verl.utils.model import check_model_dir, print_model_size
 from verl.utils.tracking import Tracking
+from verl.workers.config.data import SFTDataConfig, as_data_config
 from verl.workers.engine import MicroBatchSpec, TrainSpec, get_engine_cls
 from verl.workers.engine.config import sft_engine_config
 
@@ -110,10 +111,10 @@ def _set_cpu_threads() -> None:
 # ------------------------------------------------------------------------------------------------ data
 def create_sft_dataset(data_paths, data_config, tokenizer, max_samples: int = -1):
     """``data.custom_cls`` if set, else ``MultiTurnSFTDataset`` (``data.multiturn.enable``) or ``SFTDataset``."""
-    custom = data_config.get("custom_cls", None) or {}
-    if custom.get("path", None):
-        dataset_cls = load_extern_type(custom.path, custom.name)
-    elif (data_config.get("multiturn", None) or {}).get("enable", False):
+    typed = as_data_config(data_config, SFTDataConfig)
+    if typed.custom_cls.path:
+        dataset_cls = load_extern_type(typed.custom_cls.path, typed.custom_cls.name)
+    elif typed.multiturn.enable:
         dataset_cls = MultiTurnSFTDataset
     else:
         dataset_cls = SFTDataset
@@ -176,6 +177,7 @@ class FSDPSFTTrainer:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.plan = plan or validate_sft_config(config, self.world_size, device=os.environ.get("VERL_DEVICE", "cpu"))
+        self.typed_config = self.plan.config  # the config the code reads (typed, frozen); self.config as given
         # ulysses_sequence_parallel_size: ranks [g*sp, (g+1)*sp) work on the same rows (data-parallel group g)
         self.dp_rank, self.dp_size = self.rank // self.plan.sp_size, self.plan.dp_size
         self.device = get_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -193,19 +195,21 @@ class FSDPSFTTrainer:
             )
         self.train_sampler = DistributedSampler(
             self.train_dataset, num_replicas=self.dp_size, rank=self.dp_rank, shuffle=True,
-            seed=int(self.config.trainer.seed), drop_last=True,
+            seed=int(self.typed_config.trainer.seed), drop_last=True,
         )
         self.train_dataloader = DataLoader(
             self.train_dataset, batch_size=plan.batch_size_per_rank, sampler=self.train_sampler,
             num_workers=0, drop_last=True,
         )
         self.steps_per_epoch = len(self.train_dataloader)
-        total = self.config.trainer.get("total_training_steps")
-        self.total_steps = int(total) if total else self.steps_per_epoch * int(self.config.trainer.total_epochs)
+        total = self.typed_config.trainer.total_training_steps
+        self.total_steps = int(total) if total else self.steps_per_epoch * int(self.typed_config.trainer.total_epochs)
         if self.rank == 0:
+            micro = self.micro_batch_spec()
+            passes = (f"micro-batches of up to {micro.max_token_len} tokens" if micro.use_dynamic_bsz
+                      else f"{plan.grad_accum_steps} micro-batches of {plan.micro_batch_size_per_rank}")
             print(f"SFT: {len(self.train_dataset)} train rows, {self.steps_per_epoch} steps/epoch, "
-                  f"{self.total_steps} steps, {self.world_size} process(es) x {plan.grad_accum_steps} micro-batches "
-                  f"of {plan.micro_batch_size_per_rank}"
+                  f"{self.total_steps} steps, {self.world_size} process(es) x {passes}"
                   + (f" (sequence parallel: {self.dp_size} groups of {plan.sp_size})" if plan.sp_size > 1 else ""),
                   flush=True)
 
@@ -227,21 +231,33 @@ class FSDPSFTTrainer:
 
     def _build_model_optimizer(self) -> None:
         """The training engine (``verl.workers.engine``): model, LoRA, FSDP2, optimizer and LR schedule."""
-        cfg = self.config.model
-        import_external_libs(cfg.get("external_lib", None))
-        local_path = copy_to_local(cfg.partial_pretrain, use_shm=bool(cfg.get("use_shm", False)))
-        engine_config = dataclasses.replace(
-            sft_engine_config(self.config, local_path, self.total_steps),
-            use_remove_padding=bool(self.config.get("use_remove_padding", False)),
-            ulysses_sequence_parallel_size=self.plan.sp_size)
+        model = self.typed_config.model
+        import_external_libs(model.external_lib)
+        local_path = copy_to_local(model.partial_pretrain, use_shm=bool(model.use_shm))
+        engine_config = self.engine_config(local_path)
         self.engine = get_engine_cls(engine_config.strategy).build(engine_config, self.device_mesh,
                                                                   tokenizer=self.tokenizer)
         self.dp_group = getattr(self.engine, "dp_group", None)
         if self.rank == 0:
             print_model_size(self.engine.module)
 
+    def engine_config(self, local_path: str):
+        """What the engine builds, from this yaml's keys (``verl.trainer.sft_trainer`` builds it from verl 0.7's
+        engine layout instead)."""
+        return dataclasses.replace(sft_engine_config(self.config, local_path, self.total_steps),
+                                   use_remove_padding=bool(self.typed_config.use_remove_padding),
+                                   ulysses_sequence_parallel_size=self.plan.sp_size)
+
+    def micro_batch_spec(self) -> MicroBatchSpec:
+        """How this rank's rows are cut into forward passes: ``data.micro_batch_size_per_gpu`` rows each."""
+        return MicroBatchSpec(self.plan.micro_batch_size_per_rank)
+
+    def tracked_config(self) -> dict:
+        """The config the loggers record with the run (the user's layout)."""
+        return OmegaConf.to_container(self.config, resolve=True)
+
     def _checkpoint_contents(self) -> set:
-        return set(self.config.trainer.checkpoint.get("save_contents", []) or []) & {"model", "optimizer", "extra"}
+        return set(self.typed_config.trainer.checkpoint.save_contents or []) & {"model", "optimizer", "extra"}
 
     # ---------------------------------------------------------------- steps
     def training_step(self, batch: dict) -> dict:
@@ -250,7 +266,7 @@ class FSDPSFTTrainer:
         (global_tokens,) = _all_reduce_sum(data.batch["response_mask"].sum(), group=self.dp_group)
         if global_tokens == 0:
             raise RuntimeError("this batch has no response tokens: check data.response_key / data.max_length / truncation")
-        spec = TrainSpec(mini_batch_size=len(data), micro=MicroBatchSpec(self.plan.micro_batch_size_per_rank),
+        spec = TrainSpec(mini_batch_size=len(data), micro=self.micro_batch_spec(),
                          weight_by="tokens", outputs=("log_probs",), reduce_grads_once=True,
                          grad_norm_key="train/grad_norm")
         metrics = self.engine.train_batch(data, sft_loss, spec)
@@ -264,7 +280,7 @@ class FSDPSFTTrainer:
         if self.val_dataset is None or len(self.val_dataset) == 0:
             return None
         loss_sum = tokens = 0.0
-        micro = MicroBatchSpec(self.plan.micro_batch_size_per_rank)
+        micro = self.micro_batch_spec()
         for batch in self._val_batches():
             data = sft_batch(batch)
             log_probs = self.engine.infer(data, ("log_probs",), micro)["log_probs"]
@@ -277,7 +293,7 @@ class FSDPSFTTrainer:
     # ---------------------------------------------------------------- checkpoints
     def save_checkpoint(self, step: int) -> str:
         """HF model dir at ``global_step_<step>/huggingface`` (+ resumable state when available); returns its path."""
-        root = os.path.expanduser(self.config.trainer.default_local_dir)
+        root = os.path.expanduser(self.typed_config.trainer.default_local_dir)
         path = step_dir(root, step)
         if self._checkpoint_contents():
             self.engine.save_checkpoint(path, global_step=step)
@@ -285,7 +301,7 @@ class FSDPSFTTrainer:
         self.engine.save_hf_model(hf_dir, self.tokenizer)
         if self.rank == 0:
             mark_latest(root, step)
-            prune_checkpoints(root, self.config.trainer.get("max_ckpt_to_keep"))
+            prune_checkpoints(root, self.typed_config.trainer.max_ckpt_to_keep)
             print(f"saved Hugging Face model to {hf_dir} (use it as actor_rollout_ref.model.path)", flush=True)
         if dist.is_initialized():
             dist.barrier()
@@ -293,7 +309,7 @@ class FSDPSFTTrainer:
 
     def _resume(self) -> int:
         """The step to start from (0 = fresh), after loading a saved state when resume is asked for and possible."""
-        tr = self.config.trainer
+        tr = self.typed_config.trainer
         if tr.resume_mode == "disable":
             return 0
         if tr.resume_mode == "resume_path":
@@ -320,13 +336,14 @@ class FSDPSFTTrainer:
     # ---------------------------------------------------------------- loop
     def fit(self) -> dict:
         """Train for ``total_steps``; returns the last metrics (with ``val/loss`` if validation ran)."""
-        tr = self.config.trainer
+        tr = self.typed_config.trainer
         tracker = None
         if self.rank == 0:
-            tracker = Tracking(tr.project_name, tr.experiment_name, default_backend=list(tr.logger),
-                               config=OmegaConf.to_container(self.config, resolve=True))
+            loggers = [tr.logger] if isinstance(tr.logger, str) else list(tr.logger)
+            tracker = Tracking(tr.project_name, tr.experiment_name, default_backend=loggers,
+                               config=self.tracked_config())
         global_step = self._resume()
-        test_freq, save_freq = int(tr.get("test_freq", -1) or -1), int(tr.get("save_freq", -1) or -1)
+        test_freq, save_freq = int(tr.test_freq or -1), int(tr.save_freq or -1)
         last_metrics: dict = {}
         epoch = global_step // self.steps_per_epoch
         skip = global_step % self.steps_per_epoch
@@ -374,7 +391,7 @@ def preflight(config: DictConfig, world_size: int) -> tuple[str, SFTPlan, str]:
     arithmetic, the input files, the model directory and its heads for sequence parallelism. Returns
     ``(device, plan, local model path)``; raises ConfigError naming the key."""
     try:
-        device = resolve_device(config.trainer.get("device", "auto"))
+        device = resolve_device(typed_sft_config(config).trainer.device)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     plan = validate_sft_config(config, world_size, device)
@@ -395,11 +412,11 @@ def run_sft(config: DictConfig) -> dict:
     local_rank, rank, world_size = initialize_global_process_group(device)
     try:
         device_mesh = init_device_mesh(device, mesh_shape=(world_size,), mesh_dim_names=("fsdp",))
-        tokenizer = load_tokenizer(model_path, bool(config.model.get("trust_remote_code", False)),
-                                   config.data.get("chat_template", None))
-        data = config.data
-        train_dataset = create_sft_dataset(plan.train_files, data, tokenizer, int(data.get("train_max_samples", -1)))
-        val_dataset = (create_sft_dataset(plan.val_files, data, tokenizer, int(data.get("val_max_samples", -1)))
+        typed = plan.config
+        tokenizer = load_tokenizer(model_path, bool(typed.model.trust_remote_code), typed.data.chat_template)
+        data = config.data  # as given: a custom dataset class may read keys of its own
+        train_dataset = create_sft_dataset(plan.train_files, data, tokenizer, int(typed.data.train_max_samples))
+        val_dataset = (create_sft_dataset(plan.val_files, data, tokenizer, int(typed.data.val_max_samples))
                        if plan.val_files else None)
         trainer = FSDPSFTTrainer(config, device_mesh, tokenizer, train_dataset, val_dataset, plan=plan)
         return trainer.fit()

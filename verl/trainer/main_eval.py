@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config_schema.offline import EvaluationConfig
+from verl.trainer.config_schema.spec import build
 from verl.trainer.main_generation import check_no_effect_keys, config_error_exit, default_config, precheck_cli
 from verl.trainer.ppo.reward import CustomRewardFunction
 from verl.utils.config import ConfigError
@@ -156,13 +158,13 @@ def compute_metrics(scored: list[tuple[str, list[float]]], ks: list[int] | None 
 def run_eval(config: DictConfig) -> dict[str, float]:
     OmegaConf.resolve(config)
     check_no_effect_keys(config, default_config("evaluation"), _NO_EFFECT, "main_eval")
-    section = config.get("pass_at_k") or {}
-    ks = section.get("ks")
+    section = build(EvaluationConfig, config).pass_at_k
+    ks = section.ks
     if ks is not None:
         ks = [int(k) for k in (ks if OmegaConf.is_list(ks) or isinstance(ks, list) else [ks])]
         if not ks or min(ks) < 1:
             raise ConfigError(f"pass_at_k.ks must be positive integers, got {ks}")
-    threshold = float(section.get("threshold", 1.0))
+    threshold = float(section.threshold)
     metrics = compute_metrics(score_rows(load_rows(config), config), ks, threshold)
     for key, value in metrics.items():
         print(f"{key}: {value:.4f}" if not key.startswith("num_prompts") else f"{key}: {int(value)}")

@@ -198,7 +198,7 @@ def build_rollout(config: DictConfig, tokenizer, device: str):
         generation_config = None
     rollout_cfg = OmegaConf.to_container(config.rollout, resolve=True)
     rollout_cfg["n"] = int(config.data.n_samples)
-    if str(rollout_cfg.get("load_format", "auto")).startswith("dummy"):
+    if str(build(GenerationYaml, config).rollout.load_format).startswith("dummy"):
         rollout_cfg["load_format"] = "auto"  # no actor pushes weights here: the engine loads model.path itself
     if config.rollout.name == "vllm":  # the adapter imports vllm itself when the engine is built
         return vLLMRollout(config=rollout_cfg, model_path=model_path, tokenizer=tokenizer,

@@ -134,6 +134,7 @@ class TaskRunner:
             collate_fn=collate_fn,
             train_sampler=train_sampler,
             device_name=plan.device,
+            typed_config=plan.config,
         )
         trainer.init_workers()
         trainer.fit()

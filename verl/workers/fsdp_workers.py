@@ -37,20 +37,22 @@ from verl.experimental.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
-from verl.trainer.config_schema.actor import RefConfig
-from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.utils.import_utils import import_user_modules
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
-from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.config.critic import CriticConfig
+from verl.workers.config.reward_model import RewardModelConfig
+from verl.workers.config.roles import (ActorRolloutRefSections, actor_rollout_ref_sections, critic_sections,
+                                       reward_model_sections)
 from verl.workers.config.rollout import as_rollout_config
 from verl.workers.config_utils import (log_prob_micro_size, memory_metrics, per_device_micro_size, ppo_batch_sizes,
                                        read_only_config)
-from verl.workers.critic.dp_critic import DataParallelPPOCritic, typed_critic_config
+from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.engine import (MicroBatchSpec, TrainEngine, get_engine_cls)
 from verl.workers.engine.config import (EngineConfig, actor_engine_config, critic_engine_config,
-                                        local_model_path, ref_engine_config, reward_engine_config, typed_section)
+                                        local_model_path, ref_engine_config, reward_engine_config)
 from verl.workers.rollout import get_rollout_class
 from verl.workers.rollout.engine_group import EngineGroupLeader, follow_engine_leader, new_engine_groups
 from verl.workers.rollout.layout import RolloutLayout, check_rollout_parallel, rollout_layout
@@ -111,7 +113,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
     Per-device batch sizes are derived once in ``__init__`` (errors name the key that does not divide).
     """
 
-    def __init__(self, config, role: str, **kwargs):
+    def __init__(self, config, role: str, typed: ActorRolloutRefSections | None = None, **kwargs):
         super().__init__()
         if role not in _ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role={role!r} is not one of {_ROLES}")
@@ -122,10 +124,10 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         # the user's engines / rollouts register first: the typed sections check names against the registries
         import_user_modules(self.config.model.get("external_lib"))
-        # the typed sections this worker reads (verl.workers.config); the rollout engine gets the rollout section
-        self.model_config = typed_section(self.config.get("model"), "actor_rollout_ref.model")
-        self.actor_config = typed_actor_config(self.config.get("actor"))
-        self.rollout_config = as_rollout_config(self.config.get("rollout"))  # defaults for roles without one
+        # the typed sections this worker reads (verl.workers.config): the trainer's (``typed``, built once in the
+        # driver) or, for a worker built by hand, the same built here; the rollout engine gets the rollout section
+        self.typed = typed = actor_rollout_ref_sections(typed if typed is not None else self.config)
+        self.model_config, self.actor_config, self.rollout_config = typed.model, typed.actor, typed.rollout
         self._is_lora = self.model_config.lora_rank > 0
         # LoRA: the reference policy is the actor with its adapters switched off (no second model)
         self._ref_in_actor = self._is_lora and self._is_actor
@@ -136,15 +138,14 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         section = "actor" if self._is_actor else "rollout" if self._is_rollout else "ref"
         DistProfilerExtension.__init__(self, DistProfiler(self.rank, (self.config.get(section) or {}).get("profiler")))
 
-        init_distributed(self.config.get("nccl_timeout"))
+        init_distributed(typed.nccl_timeout)
         prefix = "actor_rollout_ref"
-        actor_cfg = self.config.get("actor")
         self.dp_size = _register_sp_dispatch(self, "actor", self.actor_config)  # ranks that hold different rows
         self.rollout_layout = self._declare_rollout_layout()
         self.rollout_n = self.rollout_config.n
         self.actor_batch_sizes = None
         if self._is_actor:
-            self.actor_batch_sizes = ppo_batch_sizes(actor_cfg, rollout_n=self.rollout_n, dp_size=self.dp_size,
+            self.actor_batch_sizes = ppo_batch_sizes(self.actor_config, rollout_n=self.rollout_n, dp_size=self.dp_size,
                                                      prefix=f"{prefix}.actor")
         # log-prob passes: (rollout section -> old log-probs, ref section -> reference log-probs)
         self._log_prob_micro = {}
@@ -179,8 +180,8 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         old log-probs, ref: reference log-probs; the yaml's keys follow the actor's batch keys)."""
         if name == "rollout":
             section = self.rollout_config
-        else:  # the actor config class the reference is typed as (typed_actor_config) has no log_prob_* keys
-            section = omega_conf_to_dataclass(self.config.get("ref"), RefConfig)
+        else:  # the actor config class the reference is typed as has no log_prob_* keys
+            section = self.typed.ref_log_prob
         dynamic = bool(section.log_prob_use_dynamic_bsz)
         return MicroBatchSpec(
             micro_batch_size=log_prob_micro_size(section, self.dp_size, f"actor_rollout_ref.{name}", dynamic),
@@ -204,7 +205,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         self.generation_config = get_generation_config(self._model_path(), trust)
         fsdp_size = self.actor_config.fsdp_config.fsdp_size
         self.device_mesh = build_device_mesh(dist.get_world_size(), fsdp_size)  # FSDP shards over every rank
-        sections = {"model": model_cfg, "actor": self.actor_config, "ref": self.config.get("ref")}
+        sections = {"model": model_cfg, "actor": self.actor_config, "ref": self.typed.ref}
 
         if self._is_actor:
             self.actor_engine = self._build_engine(actor_engine_config(sections))
@@ -214,7 +215,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             if self._ref_in_actor:
                 self.ref_policy = self.actor
             else:
-                ref_cfg = typed_actor_config(self.config.get("ref"))
+                ref_cfg = self.typed.ref
                 self.ref_engine = self._build_engine(ref_engine_config(dict(sections, ref=ref_cfg)))
                 self.ref_policy = DataParallelPPOActor(config=ref_cfg, engine=self.ref_engine)
         if self._is_rollout:
@@ -440,17 +441,17 @@ AsyncActorRolloutRefWorker = ActorRolloutRefWorker
 class CriticWorker(Worker, DistProfilerExtension):
     """Value model (token classification head on the LM body): ``compute_values``, ``update_critic``."""
 
-    def __init__(self, config, **kwargs):
+    def __init__(self, config, typed: CriticConfig | None = None, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
         import_user_modules(self.config.model.get("external_lib"))  # the user's engines register first
-        self.critic_config = critic = typed_critic_config(self.config)
+        # the trainer's typed section (built once in the driver, LR-schedule length filled in) or built here
+        self.critic_config = critic = critic_sections(typed if typed is not None else self.config)
         DistProfilerExtension.__init__(self, DistProfiler(self.rank, self.config.get("profiler")))
         init_distributed()
         self.dp_size = _register_sp_dispatch(self, "critic", critic)
-        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=critic.rollout_n, dp_size=self.dp_size,
-                                           prefix="critic")
-        forward_micro = per_device_micro_size(self.config, "forward_micro_batch_size",
+        self.batch_sizes = ppo_batch_sizes(critic, rollout_n=critic.rollout_n, dp_size=self.dp_size, prefix="critic")
+        forward_micro = per_device_micro_size(critic, "forward_micro_batch_size",
                                               "forward_micro_batch_size_per_gpu", self.dp_size, "critic")
         self.forward_micro = MicroBatchSpec(
             micro_batch_size=forward_micro if forward_micro is not None else self.batch_sizes.micro_batch_size,
@@ -516,15 +517,15 @@ class RewardModelWorker(Worker, DistProfilerExtension):
     The model runs in a forward-only training engine (sharded like the policy).
     """
 
-    def __init__(self, config, **kwargs):
+    def __init__(self, config, typed: RewardModelConfig | None = None, **kwargs):
         super().__init__()
         self.config = read_only_config(config)
         import_user_modules(self.config.model.get("external_lib"))  # the user's engines register first
-        self.rm_config = typed_section(self.config, "reward_model")
+        self.rm_config = reward_model_sections(typed if typed is not None else self.config)
         DistProfilerExtension.__init__(self, DistProfiler(self.rank, self.config.get("profiler")))
         init_distributed()
         self.dp_size = dist.get_world_size()
-        self.micro_batch_size = per_device_micro_size(self.config, "micro_batch_size", "micro_batch_size_per_gpu",
+        self.micro_batch_size = per_device_micro_size(self.rm_config, "micro_batch_size", "micro_batch_size_per_gpu",
                                                       self.dp_size, "reward_model")
         self.engine: TrainEngine | None = None
         self.tokenizer = self.input_tokenizer = None
@@ -571,7 +572,7 @@ class RewardModelWorker(Worker, DistProfilerExtension):
             else:
                 text = src.decode(prompt_ids, skip_special_tokens=False) + response
             texts.append(text)
-        max_length = int(self.config.get("max_length") or mask.size(1))
+        max_length = int(self.rm_config.max_length or mask.size(1))
         old_side = dst.padding_side
         dst.padding_side = "right"
         try:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
 from verl.workers import fsdp_workers
-from verl.workers.actor.dp_actor import typed_actor_config
 from verl.workers.config_utils import per_device_micro_size, ppo_batch_sizes
 from verl.workers.engine import MicroBatchSpec
 
@@ -52,7 +52,7 @@ class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
 
     def _megatron_grid(self) -> dict:
         section = "actor" if self._is_actor or not self._is_ref else "ref"
-        role = self.actor_config if section == "actor" else typed_actor_config(self.config.get("ref"))
+        role = self.actor_config if section == "actor" else self.typed.ref
         return megatron_grid(role.megatron, dist.get_world_size(), f"actor_rollout_ref.{section}")
 
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
@@ -68,7 +68,7 @@ class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
         self.grid = self._megatron_grid()
         self.dp_size = self.grid["dp"]  # ranks holding different rows: per-device sizes divide by it
         if self._is_actor:
-            self.actor_batch_sizes = ppo_batch_sizes(self.config.get("actor"), rollout_n=self.rollout_n,
+            self.actor_batch_sizes = ppo_batch_sizes(self.actor_config, rollout_n=self.rollout_n,
                                                      dp_size=self.dp_size, prefix="actor_rollout_ref.actor")
         for name in list(self._log_prob_micro):
             if self._ref_in_actor and name == "ref":
@@ -92,9 +92,9 @@ class CriticWorker(fsdp_workers.CriticWorker):
         super().__init__(config, **kwargs)
         self.grid = megatron_grid(self.critic_config.megatron, dist.get_world_size(), "critic")
         self.dp_size = self.grid["dp"]
-        self.batch_sizes = ppo_batch_sizes(self.config, rollout_n=self.critic_config.rollout_n, dp_size=self.dp_size,
+        self.batch_sizes = ppo_batch_sizes(self.critic_config, rollout_n=self.critic_config.rollout_n, dp_size=self.dp_size,
                                            prefix="critic")
-        forward_micro = per_device_micro_size(self.config, "forward_micro_batch_size",
+        forward_micro = per_device_micro_size(self.critic_config, "forward_micro_batch_size",
                                               "forward_micro_batch_size_per_gpu", self.dp_size, "critic")
         self.forward_micro = MicroBatchSpec(
             micro_batch_size=forward_micro if forward_micro is not None else self.batch_sizes.micro_batch_size,
@@ -102,5 +102,23 @@ class CriticWorker(fsdp_workers.CriticWorker):
 
 
 class RewardModelWorker(fsdp_workers.RewardModelWorker):
-    """Model-based rewards with ``reward_model.strategy=megatron`` are refused before workers start; this class
-    exists so the three worker classes come from one module."""
+    """The FSDP reward-model worker's scoring (``compute_rm_score``: the sequence classifier's score at the last
+    valid token) on the Megatron engine with ``reward_model.strategy=megatron``: the
+    ``reward_model.megatron`` tensor x pipeline ranks of one data-parallel rank get the same rows and tensor rank 0
+    of the last stage returns their scores. With ``reward_model.strategy=fsdp`` every process is its own
+    data-parallel rank, as in the FSDP worker."""
+
+    def __init__(self, config, **kwargs):
+        super().__init__(config, **kwargs)
+        if self.rm_config.strategy == "megatron" and self.rm_config.megatron is not None:
+            grid = megatron_grid(self.rm_config.megatron, dist.get_world_size(), "reward_model")
+            dp_rank, collect, self.dp_size = grid["dp_rank"], grid["collect"], grid["dp"]
+            self.micro_batch_size = per_device_micro_size(self.config, "micro_batch_size",
+                                                          "micro_batch_size_per_gpu", self.dp_size, "reward_model")
+        else:
+            dp_rank, collect = dist.get_rank(), True
+        self._register_dispatch_collect_info("reward_model", dp_rank, collect)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("reward_model"))
+    def compute_rm_score(self, data):
+        return fsdp_workers.RewardModelWorker.compute_rm_score(self, data)

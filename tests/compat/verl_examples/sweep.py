@@ -9,6 +9,8 @@ everything else as the script sets it. The check is what the entry point does be
   placement="split")`` here): ``python -m verl.trainer.main_ppo --check-config ...`` in this process;
 * ``verl.trainer.fsdp_sft_trainer``: its command-line check, composition, ``validate_sft_config`` with the
   world size torchrun gives, and the model-directory check (``run_sft`` up to the process group);
+* ``verl.trainer.sft_trainer``: ``python -m verl.trainer.sft_trainer --check-config ...`` in this process, with
+  the world size torchrun gives (``WORLD_SIZE``);
 * ``verl.trainer.main_generation``: its command-line check, composition and ``validate_generation_config``.
 
 Each launch is ``accepted``, ``refused-hardware`` (the message matches one of ``HARDWARE_PATTERNS``: an engine or
@@ -50,6 +52,37 @@ STAND_IN_MODEL = {
     "num_attention_heads": 64, "num_key_value_heads": 32, "num_hidden_layers": 48, "vocab_size": 1024,
     "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": True,
 }
+# mixture-of-experts stand-ins for launches whose model is one (see stand_in_kind): the same sizes, 64 experts
+# (every expert-parallel size of the scripts, up to 16, divides them)
+_MOE_SIZES = {"hidden_size": 2048, "intermediate_size": 4096, "moe_intermediate_size": 256, "num_attention_heads": 64,
+              "num_key_value_heads": 32, "num_hidden_layers": 48, "vocab_size": 1024, "rms_norm_eps": 1e-6,
+              "max_position_embeddings": 131072, "tie_word_embeddings": False}
+STAND_IN_MOE_MODELS = {
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 32,
+                  "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], **_MOE_SIZES},
+    "qwen2_moe": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 64,
+                  "num_experts_per_tok": 4, "shared_expert_intermediate_size": 1024, "norm_topk_prob": False,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], **_MOE_SIZES},
+    # DeepSeek-V3 and Moonlight (its architecture): multi-latent attention
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "n_routed_experts": 64,
+                    "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1,
+                    "q_lora_rank": 512, "kv_lora_rank": 256, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32,
+                    "v_head_dim": 64, **_MOE_SIZES},
+}
+# the stand-in a model path (or, where a launch leaves its model path empty or unset, the script's name) asks for,
+# by the names of verl's MoE models: first match wins, else the dense STAND_IN_MODEL
+_MOE_NAME_PATTERNS = (
+    ("deepseek_v3", r"deepseek[-_]?v3|dsv3|671b|moonlight"),
+    ("qwen2_moe", r"qwen1\.5[-_]moe|qwen2[-_]moe|57b[-_]a14b"),
+    ("qwen3_moe", r"moe|a3b|a22b|235b"),
+)
+
+
+def stand_in_kind(name: str) -> str | None:
+    """The MoE stand-in (a key of ``STAND_IN_MOE_MODELS``) for a model path or script name, None for dense."""
+    low = name.lower()
+    return next((kind for kind, pattern in _MOE_NAME_PATTERNS if re.search(pattern, low)), None)
 
 ACCEPTED, HARDWARE, SCRIPT, OTHER = "accepted", "refused-hardware", "script-error", "refused-other"
 # a refusal counts as a hardware one only when its message says the setting needs hardware a CPU host lacks
@@ -77,6 +110,8 @@ OUTPUT_FILE_KEYS = re.compile(r"^data\.output_path$")
 # defines the class the launch names, as a subclass of this library's RLHFDataset
 DATASET_CODE_KEYS = re.compile(r"^data\.custom_cls\.path$")
 ADAPTER_KEYS = re.compile(r"(^|\.)model\.lora_adapter_path$")  # a saved PEFT adapter (only its config is read)
+# a Megatron distributed checkpoint (use_dist_checkpointing): the validator reads only its metadata.json
+DIST_CKPT_KEYS = re.compile(r"(^|\.)megatron\.dist_checkpointing_path$")
 OUTPUT_DIR_KEYS = re.compile(r"^(trainer\.(default_local_dir|rollout_data_dir|validation_data_dir|resume_from_path)"
                              r"|global_profiler\.save_path)$")
 
@@ -108,15 +143,24 @@ def write_assets(root: Path, files: dict) -> dict:
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(STAND_IN_MODEL))
     add_tokenizer_file(model)
+    moe_models = {}
+    for kind, config in STAND_IN_MOE_MODELS.items():
+        moe_models[kind] = root / "stand-in" / f"model-{kind}"
+        moe_models[kind].mkdir(parents=True)
+        (moe_models[kind] / "config.json").write_text(json.dumps(config))
+        add_tokenizer_file(moe_models[kind])
     adapter = root / "stand-in" / "lora_adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text(json.dumps(
         {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}))
+    dist_ckpt = root / "stand-in" / "mcore_dist_ckpt"
+    dist_ckpt.mkdir(parents=True)
+    (dist_ckpt / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
     dataset_code = root / "stand-in" / "custom_dataset.py"
     dataset_code.write_text("from verl.utils.dataset.rl_dataset import RLHFDataset as _Base\n\n\n"
                             "class RLHFDataset(_Base):\n    pass\n\n\nclass CustomRLHFDataset(_Base):\n    pass\n")
     assets = {"root": root, "model": model, "out": root / "stand-in" / "out", "adapter": adapter,
-              "dataset_code": dataset_code}
+              "dataset_code": dataset_code, "moe_models": moe_models, "dist_ckpt": dist_ckpt}
     for split in ("train", "val"):
         assets[split] = write_rl_parquet(root / "stand-in" / f"{split}.parquet", rows=PARQUET_ROWS)
     return assets
@@ -131,7 +175,15 @@ def _swap_value(value: str, new: str) -> str:
     return new
 
 
-def swapped_overrides(overrides: list[str], assets: dict) -> list[str]:
+def _model_stand_in(value: str, assets: dict, script: str) -> str:
+    """The stand-in directory for a model path: an MoE one when the path (or, for an empty / unset path, the
+    script's name) names one of verl's MoE models."""
+    path = value.strip().strip("'\"")
+    kind = stand_in_kind(path if path.strip("[]") not in ("", "unset") else script)
+    return str(assets["moe_models"][kind] if kind else assets["model"])
+
+
+def swapped_overrides(overrides: list[str], assets: dict, script: str = "") -> list[str]:
     out = []
     for token in overrides:
         token = token.replace("{verl}", str(assets["root"]))
@@ -139,13 +191,15 @@ def swapped_overrides(overrides: list[str], assets: dict) -> list[str]:
         bare = key.lstrip("+~")
         if sep and value.strip().lower() not in ("null", "none", "~"):
             if MODEL_KEYS.search(bare):
-                value = _swap_value(value, str(assets["model"]))
+                value = _swap_value(value, _model_stand_in(value, assets, script))
             elif TRAIN_DATA_KEYS.search(bare):
                 value = _swap_value(value, str(assets["train"]))
             elif VAL_DATA_KEYS.search(bare):
                 value = _swap_value(value, str(assets["val"]))
             elif ADAPTER_KEYS.search(bare):
                 value = str(assets["adapter"])
+            elif DIST_CKPT_KEYS.search(bare):
+                value = str(assets["dist_ckpt"])
             elif DATASET_CODE_KEYS.search(bare):
                 value = str(assets["dataset_code"])
             elif OUTPUT_FILE_KEYS.search(bare):
@@ -210,6 +264,24 @@ def check_sft(argv: list[str], world_size: int) -> str | None:
         except ConfigError as e:  # what fsdp_sft_trainer.main prints
             print(f"Config error: {e}", file=sys.stderr)
             sys.exit(2)
+
+    return _config_error(run)
+
+
+def check_sft_engine(argv: list[str], world_size: int) -> str | None:
+    def run():
+        from verl.trainer import sft_trainer
+        from verl.trainer.check_config import check_config_cli
+
+        saved = os.environ.get("WORLD_SIZE")
+        os.environ["WORLD_SIZE"] = str(world_size)  # what torchrun sets; --check-config reads it
+        try:
+            check_config_cli(sft_trainer.check_command_line, argv)
+        finally:
+            if saved is None:
+                os.environ.pop("WORLD_SIZE", None)
+            else:
+                os.environ["WORLD_SIZE"] = saved
 
     return _config_error(run)
 
@@ -310,7 +382,7 @@ def classify(reason: str | None) -> str:
 
 def check_launch(script: str, entry: dict, assets: dict, data: dict, cpu_variant: bool = False) -> Result:
     module = entry["entrypoint"]
-    argv = swapped_overrides(entry["overrides"], assets)
+    argv = swapped_overrides(entry["overrides"], assets, script)
     try:
         refused_by_verl = verl_refusal(entry, argv, data)
     except Exception:  # noqa: BLE001 -- an unparsable command line: this library's check names it below
@@ -327,6 +399,9 @@ def check_launch(script: str, entry: dict, assets: dict, data: dict, cpu_variant
     elif module == "verl.trainer.fsdp_sft_trainer":
         launcher = entry.get("launcher", {})
         reason = check_sft(argv, int(launcher.get("nnodes", 1)) * int(launcher.get("nproc_per_node", 1)))
+    elif module == "verl.trainer.sft_trainer":
+        launcher = entry.get("launcher", {})
+        reason = check_sft_engine(argv, int(launcher.get("nnodes", 1)) * int(launcher.get("nproc_per_node", 1)))
     elif module == "verl.trainer.main_generation":
         reason = check_generation(argv)
     elif importlib.util.find_spec(module) is None:

@@ -131,8 +131,9 @@ class OneStepOffRayTrainer(RayPPOTrainer):
     def _worker_specs(self) -> list[tuple[Role, str, dict]]:
         """The PPO trainer's groups with its actor_rollout split in two: an actor-only group and the rollout."""
         _, *others = super()._worker_specs()
-        return [(Role.ActorRollout, "actor", dict(config=self.config.actor_rollout_ref, role="actor")),
-                (Role.Rollout, "rollout", dict(config=self.config.actor_rollout_ref, role="rollout")), *others]
+        arr, group = self._actor_rollout_ref_sections(), self.config.actor_rollout_ref
+        return [(Role.ActorRollout, "actor", dict(config=group, role="actor", typed=arr)),
+                (Role.Rollout, "rollout", dict(config=group, role="rollout", typed=arr)), *others]
 
     # ------------------------------------------------------------------------------------- weights
     def _push_weights(self, version: int) -> None:

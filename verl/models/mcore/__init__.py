@@ -1,4 +1,5 @@
-"""Hugging Face <-> megatron-core conversion, one module per architecture (``qwen2``, ``llama``).
+"""Hugging Face <-> megatron-core conversion, one module per architecture (``qwen2``, ``llama``, and the
+mixtures of experts ``qwen3_moe`` and ``qwen2_moe``).
 
 ``get_arch(hf_config)`` returns the :class:`~verl.models.mcore.convert.ArchSpec` of a supported architecture or
 raises naming the ones that are supported.
@@ -7,14 +8,29 @@ raises naming the ones that are supported.
 from verl.models.mcore.convert import ArchSpec
 from verl.models.mcore.llama import LLAMA
 from verl.models.mcore.qwen2 import QWEN2
+from verl.models.mcore.qwen2_moe import QWEN2_MOE
+from verl.models.mcore.qwen3_moe import QWEN3_MOE
 
 __all__ = ["ArchSpec", "SUPPORTED_ARCHITECTURES", "get_arch"]
 
 SUPPORTED_ARCHITECTURES: dict[str, ArchSpec] = {
     "Qwen2ForCausalLM": QWEN2, "Qwen2ForTokenClassification": QWEN2,
     "LlamaForCausalLM": LLAMA, "LlamaForTokenClassification": LLAMA,
+    # reward models: the scalar head (score.weight) on the last stage, as the critic's
+    "Qwen2ForSequenceClassification": QWEN2, "LlamaForSequenceClassification": LLAMA,
+    "Qwen3MoeForCausalLM": QWEN3_MOE, "Qwen2MoeForCausalLM": QWEN2_MOE,
 }
-_BY_MODEL_TYPE = {"qwen2": QWEN2, "llama": LLAMA}
+_BY_MODEL_TYPE = {"qwen2": QWEN2, "llama": LLAMA, "qwen3_moe": QWEN3_MOE, "qwen2_moe": QWEN2_MOE}
+
+
+# architectures verl runs on Megatron that this engine does not convert, and what is missing
+_NOT_CONVERTED = {
+    "DeepseekV3ForCausalLM": "multi-latent attention (MLA: low-rank compressed queries and keys/values with a "
+                             "separate rotary part) and DeepSeek's experts (shared experts, grouped top-k routing "
+                             "with a score-correction bias, leading dense layers) are not converted",
+    "DeepseekV2ForCausalLM": "multi-latent attention (MLA) and DeepSeek's experts are not converted",
+    "Qwen3VLMoeForConditionalGeneration": "the vision tower and its multimodal rotary positions are not converted",
+}
 
 
 def get_arch(hf_config) -> ArchSpec:
@@ -25,5 +41,6 @@ def get_arch(hf_config) -> ArchSpec:
     archs = getattr(hf_config, "architectures", None)
     if not archs and getattr(hf_config, "model_type", None) in _BY_MODEL_TYPE:
         return _BY_MODEL_TYPE[hf_config.model_type]
-    raise ValueError(f"the Megatron engine does not support the architecture {archs or hf_config.model_type!r}; "
-                     f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))} (or use strategy=fsdp)")
+    why = next((f" ({_NOT_CONVERTED[a]})" for a in archs or [] if a in _NOT_CONVERTED), "")
+    raise ValueError(f"the Megatron engine does not support the architecture {archs or hf_config.model_type!r}"
+                     f"{why}; supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))} (or use strategy=fsdp)")

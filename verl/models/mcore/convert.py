@@ -17,6 +17,15 @@ decoder.final_layernorm.weight          model.norm.weight                       
 output_layer.weight                     lm_head.weight (or score.weight: value head) vocab rows / none
 ======================================  ===========================================  ===================
 
+Mixture-of-experts layers (``ArchSpec.experts``) hold, in place of ``mlp.linear_fc1`` / ``linear_fc2``, the
+router ``mlp.router.weight`` (HF ``mlp.gate.weight``, replicated) and per expert ``e``
+``mlp.experts.local_experts.<l>.linear_fc1`` / ``linear_fc2`` (HF ``mlp.experts.<e>.{gate,up}_proj`` /
+``down_proj``; cut like ``fc1`` / ``row`` over the *expert* tensor-parallel group), where expert-parallel rank ``r``
+holds experts ``r * n_local .. (r + 1) * n_local - 1`` as local ``l = e - r * n_local``. Qwen2-MoE adds a shared
+expert (``mlp.shared_experts.linear_fc1`` / ``linear_fc2`` from ``mlp.shared_expert.*``, and its sigmoid gate
+``mlp.shared_experts.gate_weight`` from ``mlp.shared_expert_gate.weight``); Qwen3 normalises queries and keys per
+head (``self_attention.{q,k}_layernorm`` from ``self_attn.{q,k}_norm``).
+
 ``linear_qkv`` stores, for every query group, that group's query heads, then its key head, then its value
 head; each tensor-parallel rank holds ``num_query_groups / tp`` whole groups. ``linear_fc1`` stores a rank's
 slice of gate followed by its slice of up. The vocabulary is padded with zero rows to a multiple of the
@@ -33,7 +42,10 @@ import torch
 from safetensors import safe_open
 
 __all__ = ["ArchSpec", "Rule", "padded_vocab_size", "shard", "unshard", "local_hf_pieces", "range_overlaps",
-           "HFWeights", "layer_rules", "model_rules", "rope_theta"]
+           "HFWeights", "layer_rules", "model_rules", "rope_theta", "EXPERT_KINDS", "num_experts"]
+
+# cuts of expert weights: like fc1 / row, over the expert tensor-parallel group (megatron's expert_tensor_parallel)
+EXPERT_KINDS = {"xfc1": "fc1", "xrow": "row"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,8 @@ class Rule:
 
     mcore: str
     hf: tuple[str, ...]
-    kind: str  # rep | row | col | qkv | fc1 | vocab
+    kind: str  # rep | row | col | qkv | fc1 | vocab | xfc1 | xrow (experts)
+    expert: int = -1  # an expert weight's global expert index; its mcore name has ``{local}`` for the local one
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,9 @@ class ArchSpec:
     name: str
     qkv_bias: bool
     refuse_keys: dict = field(default_factory=dict)
+    qk_norm: bool = False  # RMSNorm of each query / key head (Qwen3)
+    experts: bool = False  # every decoder layer's MLP is a mixture of experts
+    shared_expert: bool = False  # plus an always-on expert behind a sigmoid gate (Qwen2-MoE)
 
     def check(self, hf_config) -> None:
         for k, ok in self.refuse_keys.items():
@@ -65,6 +81,18 @@ class ArchSpec:
         if rope_type not in (None, "default"):
             raise ValueError(f"{self.name}: rope scaling {rope_type!r} is not supported by the Megatron engine; "
                              "use strategy=fsdp for this model")
+        if self.experts:
+            dense = list(getattr(hf_config, "mlp_only_layers", None) or [])
+            step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
+            if dense or step != 1:
+                raise ValueError(f"{self.name}: config.mlp_only_layers={dense} / decoder_sparse_step={step}: the "
+                                 "Megatron engine builds every layer as a mixture of experts (mlp_only_layers=[], "
+                                 "decoder_sparse_step=1); use strategy=fsdp for this model")
+
+
+def num_experts(hf_config) -> int:
+    """The routed experts per layer of an MoE config (0 for a dense model)."""
+    return int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None) or 0)
 
 
 def rope_theta(hf_config) -> float:
@@ -86,19 +114,35 @@ def padded_vocab_size(vocab: int, tp: int) -> int:
     return padded
 
 
-def layer_rules(arch: ArchSpec) -> list[Rule]:
+def layer_rules(arch: ArchSpec, experts: int = 0) -> list[Rule]:
     """The parameters of one decoder layer (mcore suffix after ``decoder.layers.<i>.``, HF after
-    ``model.layers.<g>.``)."""
+    ``model.layers.<g>.``); ``experts``: the routed experts of an MoE layer (all of them, by global index)."""
     attn = "self_attn."
     rules = [Rule("input_layernorm.weight", ("input_layernorm.weight",), "rep"),
              Rule("self_attention.linear_qkv.weight",
                   tuple(f"{attn}{p}_proj.weight" for p in "qkv"), "qkv")]
     if arch.qkv_bias:
         rules.append(Rule("self_attention.linear_qkv.bias", tuple(f"{attn}{p}_proj.bias" for p in "qkv"), "qkv"))
+    if arch.qk_norm:
+        rules += [Rule("self_attention.q_layernorm.weight", (f"{attn}q_norm.weight",), "rep"),
+                  Rule("self_attention.k_layernorm.weight", (f"{attn}k_norm.weight",), "rep")]
     rules += [Rule("self_attention.linear_proj.weight", (f"{attn}o_proj.weight",), "row"),
-              Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), "rep"),
-              Rule("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "fc1"),
-              Rule("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), "row")]
+              Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), "rep")]
+    if not arch.experts:
+        return rules + [Rule("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "fc1"),
+                        Rule("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), "row")]
+    rules.append(Rule("mlp.router.weight", ("mlp.gate.weight",), "rep"))
+    for e in range(experts):
+        hf = f"mlp.experts.{e}."
+        rules += [Rule("mlp.experts.local_experts.{local}.linear_fc1.weight",
+                       (f"{hf}gate_proj.weight", f"{hf}up_proj.weight"), "xfc1", expert=e),
+                  Rule("mlp.experts.local_experts.{local}.linear_fc2.weight", (f"{hf}down_proj.weight",), "xrow",
+                       expert=e)]
+    if arch.shared_expert:
+        rules += [Rule("mlp.shared_experts.linear_fc1.weight",
+                       ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"), "fc1"),
+                  Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_expert.down_proj.weight",), "row"),
+                  Rule("mlp.shared_experts.gate_weight", ("mlp.shared_expert_gate.weight",), "rep")]
     return rules
 
 
@@ -136,7 +180,9 @@ def _qkv_groups(q, k, v, groups: int, head_dim: int) -> torch.Tensor:
 
 
 def shard(kind: str, hf: list[torch.Tensor], rank: int, tp: int, shapes: Shapes) -> torch.Tensor:
-    """This tensor rank's piece of one mcore parameter, from its full HF tensors."""
+    """This tensor rank's piece of one mcore parameter, from its full HF tensors (for an expert cut: the expert
+    tensor-parallel rank and size)."""
+    kind = EXPERT_KINDS.get(kind, kind)
     if kind == "rep":
         return hf[0]
     if kind == "row":
@@ -160,6 +206,7 @@ def shard(kind: str, hf: list[torch.Tensor], rank: int, tp: int, shapes: Shapes)
 
 def unshard(kind: str, shards: list[torch.Tensor], shapes: Shapes) -> list[torch.Tensor]:
     """The full HF tensors of one mcore parameter from every tensor rank's piece (in rank order)."""
+    kind = EXPERT_KINDS.get(kind, kind)
     if kind == "rep":
         return [shards[0]]
     if kind == "row":
@@ -187,6 +234,7 @@ def local_hf_pieces(kind: str, local: torch.Tensor, shapes: Shapes, tp: int) -> 
     up; ``row`` / ``col`` / ``rep`` -> the piece itself. (``vocab`` pieces need the engine's row range: see
     :func:`range_overlaps`.) These are exactly the pieces a tensor-parallel inference engine of the same size
     holds on that rank."""
+    kind = EXPERT_KINDS.get(kind, kind)
     if kind in ("rep", "row", "col", "vocab"):
         return [local]
     if kind == "fc1":

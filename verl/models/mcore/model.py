@@ -2,6 +2,9 @@
 its weights back out under HF names (gathered over tensor ranks, broadcast over pipeline stages, one
 parameter at a time: no rank ever holds a second full copy of the model).
 
+With virtual pipeline stages a rank holds several model chunks (:func:`build_model_chunks`, see
+:class:`ParallelLayout`); the functions here take either one ``GPTModel`` or the list of a rank's chunks.
+
 Uses megatron-core's local layer spec (no Transformer Engine), so it runs wherever torch runs. Requires the
 model-parallel state (``megatron.core.parallel_state``) to be initialised.
 """
@@ -17,18 +20,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from verl.models.mcore import get_arch
-from verl.models.mcore.convert import (HFWeights, Shapes, layer_rules, local_hf_pieces, model_rules,
+from verl.models.mcore.convert import (HFWeights, Shapes, layer_rules, local_hf_pieces, model_rules, num_experts,
                                        padded_vocab_size, range_overlaps, rope_theta, shard, unshard)
+from verl.models.mcore.experts import expert_owner, is_expert_kind, moe_transformer_fields
 from verl.utils.device import collective_device, get_device
 
-__all__ = ["ValueHead", "build_gpt_model", "load_hf_weights", "iter_hf_params", "iter_hf_tp_shards", "ParallelLayout",
-           "model_shapes"]
+__all__ = ["ValueHead", "build_gpt_model", "build_model_chunks", "load_hf_weights", "iter_hf_params",
+           "iter_hf_tp_shards", "ParallelLayout", "model_shapes", "as_chunks", "tag_tensor_parallel"]
 
 
 class ParallelLayout:
-    """This process's place in the model-parallel grid (read from megatron's parallel state)."""
+    """This process's place in the model-parallel grid (read from megatron's parallel state).
 
-    def __init__(self):
+    With ``vpp`` virtual pipeline stages (megatron's interleaved schedule) the model is cut into ``pp * vpp``
+    virtual stages of equal layer counts; pipeline rank ``r`` holds ``vpp`` model chunks, chunk ``v`` being
+    virtual stage ``v * pp + r``. ``first`` / ``last``: this rank holds the embedding (in its chunk 0) / the
+    output layer (in its last chunk)."""
+
+    def __init__(self, vpp: int = 1):
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
@@ -38,8 +47,50 @@ class ParallelLayout:
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.pp_group = ps.get_pipeline_model_parallel_group()
+        # experts (mixture-of-experts models): split over the expert-parallel group, each expert's weights cut over
+        # the expert tensor-parallel group
+        self.ep = ps.get_expert_model_parallel_world_size()
+        self.ep_rank = ps.get_expert_model_parallel_rank()
+        self.ep_group = ps.get_expert_model_parallel_group()
+        self.etp = ps.get_expert_tensor_parallel_world_size()
+        self.etp_rank = ps.get_expert_tensor_parallel_rank()
+        self.etp_group = ps.get_expert_tensor_parallel_group()
+        self.vpp = int(vpp)
         self.first = self.pp_rank == 0
         self.last = self.pp_rank == self.pp - 1
+
+    def cut(self, kind: str):
+        """(rank, size, group) of the tensor-parallel group a parameter of cut ``kind`` is split over."""
+        if is_expert_kind(kind):
+            return self.etp_rank, self.etp, self.etp_group
+        return self.tp_rank, self.tp, self.tp_group
+
+    def layers_per_chunk(self, num_layers: int) -> int:
+        return num_layers // (self.pp * self.vpp)
+
+    def chunk_offset(self, num_layers: int, chunk: int, pp_rank: int | None = None) -> int:
+        """The global index of the first layer of model chunk ``chunk`` on pipeline rank ``pp_rank`` (this one)."""
+        rank = self.pp_rank if pp_rank is None else pp_rank
+        return (chunk * self.pp + rank) * self.layers_per_chunk(num_layers)
+
+    def owner(self, num_layers: int, layer: int) -> tuple[int, int, int]:
+        """(pipeline rank, model chunk, index in that chunk) of global layer ``layer``."""
+        virtual_stage, local = divmod(layer, self.layers_per_chunk(num_layers))
+        chunk, rank = divmod(virtual_stage, self.pp)
+        return rank, chunk, local
+
+    def has_input(self, chunk: int) -> bool:
+        """Whether model chunk ``chunk`` of this rank holds the embedding (the model's first virtual stage)."""
+        return self.first and chunk == 0
+
+    def has_output(self, chunk: int) -> bool:
+        """Whether model chunk ``chunk`` of this rank holds the output layer (the model's last virtual stage)."""
+        return self.last and chunk == self.vpp - 1
+
+
+def as_chunks(model) -> list:
+    """A model given as one ``GPTModel`` or as the list of this rank's model chunks, as that list."""
+    return list(model) if isinstance(model, (list, tuple, nn.ModuleList)) else [model]
 
 
 class ValueHead(nn.Module):
@@ -78,15 +129,33 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def _block_spec(num_layers: int):
-    """megatron's local GPT layer spec with :class:`RMSNorm` in every norm slot, for ``num_layers`` layers."""
+class HeadRMSNorm(RMSNorm):
+    """:class:`RMSNorm` of each query / key head (Qwen3's q_norm / k_norm). Each tensor rank normalises only its own
+    heads with the one shared weight, so the engine sums its gradient over the tensor ranks."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6, **kwargs):
+        super().__init__(config, hidden_size, eps, **kwargs)
+        self.weight.sequence_parallel = False
+        self.weight.sum_grad_over_tp = True
+
+
+def _block_spec(num_layers: int, hf_config=None):
+    """megatron's local GPT layer spec with :class:`RMSNorm` in every norm slot, for ``num_layers`` layers (with
+    ``hf_config``: its architecture's query / key norms and mixture-of-experts MLP)."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
-    layer = dataclasses.replace(layer, submodules=dataclasses.replace(layer.submodules, input_layernorm=RMSNorm,
-                                                                      pre_mlp_layernorm=RMSNorm))
+    arch = get_arch(hf_config) if hf_config is not None else None
+    experts = num_experts(hf_config) if arch is not None and arch.experts else None
+    qk_norm = bool(arch is not None and arch.qk_norm)
+    layer = get_gpt_layer_local_spec(num_experts=experts, qk_layernorm=qk_norm, normalization="RMSNorm")
+    sub = dataclasses.replace(layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm)
+    if qk_norm:
+        attn = sub.self_attention
+        sub = dataclasses.replace(sub, self_attention=dataclasses.replace(attn, submodules=dataclasses.replace(
+            attn.submodules, q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm)))
+    layer = dataclasses.replace(layer, submodules=sub)
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
 
 
@@ -98,7 +167,7 @@ def model_shapes(hf_config, tp: int) -> Shapes:
 
 
 def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, dtype: torch.dtype,
-                       use_cpu_initialization: bool = True, overrides: dict | None = None):
+                       use_cpu_initialization: bool = True, overrides: dict | None = None, vpp: int = 1):
     """megatron-core's ``TransformerConfig`` for ``hf_config``; ``overrides`` (the role's
     ``megatron.override_transformer_config``, checked by ``settings.transformer_overrides``) replace fields."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
@@ -116,39 +185,48 @@ def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, 
         masked_softmax_fusion=False, persist_layer_norm=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False, attention_softmax_in_fp32=True,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         use_cpu_initialization=use_cpu_initialization, perform_initialization=False,
         init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
     )
+    fields.update(moe_transformer_fields(hf_config, arch))
     fields.update(overrides or {})
     return TransformerConfig(**fields)
 
 
 def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dtype: torch.dtype,
-                    use_cpu_initialization: bool = True, overrides: dict | None = None) -> nn.Module:
-    """This stage's ``GPTModel`` (weights uninitialised: load them with :func:`load_hf_weights`)."""
+                    use_cpu_initialization: bool = True, overrides: dict | None = None, vpp: int = 1,
+                    vp_stage: int = 0) -> nn.Module:
+    """This stage's ``GPTModel`` (weights uninitialised: load them with :func:`load_hf_weights`); with ``vpp``
+    virtual pipeline stages, its model chunk ``vp_stage`` (see :class:`ParallelLayout`)."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.models.gpt import GPTModel
 
-    layout = ParallelLayout()
+    layout = ParallelLayout(vpp)
     arch = get_arch(hf_config)
     arch.check(hf_config)
     config = transformer_config(hf_config, tp=layout.tp, pp=layout.pp, sequence_parallel=sequence_parallel,
-                                dtype=dtype, use_cpu_initialization=use_cpu_initialization, overrides=overrides)
+                                dtype=dtype, use_cpu_initialization=use_cpu_initialization, overrides=overrides,
+                                vpp=vpp)
+    pre, post = layout.has_input(vp_stage), layout.has_output(vp_stage)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
     # Tied embeddings over several stages: the last stage gets its own output layer (loaded from the
     # embedding, gradients summed with the first stage's by the engine). megatron's own tying moves the copy
     # to CUDA while building, which fails on CPU.
-    model = GPTModel(config=config, transformer_layer_spec=_block_spec(hf_config.num_hidden_layers // layout.pp),
+    model = GPTModel(config=config,
+                     transformer_layer_spec=_block_spec(layout.layers_per_chunk(hf_config.num_hidden_layers),
+                                                       hf_config),
                      vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
-                     max_sequence_length=int(hf_config.max_position_embeddings), pre_process=layout.first,
-                     post_process=layout.last, parallel_output=True,
+                     max_sequence_length=int(hf_config.max_position_embeddings), pre_process=pre,
+                     post_process=post, parallel_output=True,
                      share_embeddings_and_output_weights=tied and layout.pp == 1,
-                     position_embedding_type="rope", rotary_base=rope_theta(hf_config))
-    if tied and layout.pp > 1 and layout.last:
+                     position_embedding_type="rope", rotary_base=rope_theta(hf_config),
+                     vp_stage=vp_stage if vpp > 1 else None)
+    if tied and layout.pp > 1 and post:
         model.output_layer.weight.shared = True
         model.output_layer.weight.shared_embedding = True
-    if value_head and layout.last:
+    if value_head and post:
         model.output_layer = ValueHead(hf_config.hidden_size, sequence_parallel, dtype)
     if not use_cpu_initialization:
         # megatron's own layers are built on the accelerator; our norms and value head start on the host
@@ -156,50 +234,89 @@ def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dty
     return model
 
 
-def _layer_offset(hf_config, layout: ParallelLayout) -> int:
-    return layout.pp_rank * (hf_config.num_hidden_layers // layout.pp)
+def build_model_chunks(hf_config, *, vpp: int = 1, **kwargs) -> list[nn.Module]:
+    """This pipeline rank's ``vpp`` model chunks in virtual-stage order (one ``GPTModel`` without virtual
+    stages); ``kwargs`` as :func:`build_gpt_model`'s. megatron's virtual-stage rank is set while each is built."""
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+    from megatron.core import parallel_state as ps
+
+    if vpp == 1:
+        return [build_gpt_model(hf_config, **kwargs)]
+    chunks = []
+    for v in range(vpp):
+        ps.set_virtual_pipeline_model_parallel_rank(v)
+        chunks.append(build_gpt_model(hf_config, vpp=vpp, vp_stage=v, **kwargs))
+    ps.set_virtual_pipeline_model_parallel_rank(0)
+    return chunks
 
 
-def _local_rules(hf_config, layout: ParallelLayout, value_head: bool):
-    """(mcore name, HF names, cut) of every parameter this stage holds."""
+def _local_rules(hf_config, layout: ParallelLayout, value_head: bool, chunk: int = 0):
+    """(mcore name, HF names, cut) of every parameter model chunk ``chunk`` of this stage holds."""
     arch = get_arch(hf_config)
-    per_stage = hf_config.num_hidden_layers // layout.pp
-    offset = _layer_offset(hf_config, layout)
+    per_stage = layout.layers_per_chunk(hf_config.num_hidden_layers)
+    offset = layout.chunk_offset(hf_config.num_hidden_layers, chunk)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     out = []
-    for rule in model_rules(first=layout.first, last=layout.last, tied=tied, value_head=value_head):
+    for rule in model_rules(first=layout.has_input(chunk), last=layout.has_output(chunk), tied=tied,
+                            value_head=value_head):
         out.append((rule.mcore, rule.hf, rule.kind))
     for i in range(per_stage):
-        for rule in layer_rules(arch):
-            out.append((f"decoder.layers.{i}.{rule.mcore}", tuple(f"model.layers.{offset + i}.{h}" for h in rule.hf),
+        for rule in layer_rules(arch, num_experts(hf_config)):
+            mcore = rule.mcore
+            if rule.expert >= 0:  # an expert: held by one expert-parallel rank, under its local index
+                owner, mcore = expert_owner(rule, hf_config, layout.ep)
+                if owner != layout.ep_rank:
+                    continue
+            out.append((f"decoder.layers.{i}.{mcore}", tuple(f"model.layers.{offset + i}.{h}" for h in rule.hf),
                         rule.kind))
     return out
 
 
+def tag_tensor_parallel(model, hf_config, value_head: bool) -> None:
+    """Mark each parameter ``tensor_model_parallel`` from its cut. megatron tags split parameters only when it
+    initialises them itself; the engine's gradient norm counts replicated ones on tensor rank 0 only."""
+    chunks = as_chunks(model)
+    layout = ParallelLayout(len(chunks))
+    for v, chunk in enumerate(chunks):
+        params = dict(chunk.named_parameters())
+        for name, _, kind in _local_rules(hf_config, layout, value_head, v):
+            if name in params:
+                params[name].tensor_model_parallel = kind != "rep" and layout.cut(kind)[1] > 1
+                # experts' gradients are averaged over the expert data-parallel group, not the data-parallel one
+                params[name].is_expert = is_expert_kind(kind)
+
+
 @torch.no_grad()
-def load_hf_weights(model: nn.Module, model_dir: str, hf_config, value_head: bool) -> None:
-    """Fill this stage's parameters from an HF safetensors directory (each rank reads only the tensors of its
-    own layers, one at a time). A critic's value head missing from the checkpoint starts at zero."""
-    layout = ParallelLayout()
+def load_hf_weights(model, model_dir: str, hf_config, value_head: bool) -> None:
+    """Fill this stage's parameters (``model``: a ``GPTModel`` or this rank's model chunks) from an HF safetensors
+    directory (each rank reads only the tensors of its own layers, one at a time). A critic's value head missing
+    from the checkpoint starts at zero."""
+    chunks = as_chunks(model)
+    for v, chunk in enumerate(chunks):
+        _load_chunk(chunk, v, len(chunks), model_dir, hf_config, value_head)
+    tag_tensor_parallel(chunks, hf_config, value_head)
+
+
+@torch.no_grad()
+def _load_chunk(chunk: nn.Module, v: int, vpp: int, model_dir: str, hf_config, value_head: bool) -> None:
+    layout = ParallelLayout(vpp)
     shapes = model_shapes(hf_config, layout.tp)
     weights = HFWeights(model_dir)
-    params = dict(model.named_parameters())
+    params = dict(chunk.named_parameters())
     seen = set()
-    for name, hf_names, kind in _local_rules(hf_config, layout, value_head):
+    for name, hf_names, kind in _local_rules(hf_config, layout, value_head, v):
         if name not in params:
             continue
         if value_head and hf_names[0].startswith("score.") and hf_names[0] not in weights:
             params[name].zero_()
         else:
             hf = [weights.get(h) for h in hf_names]
-            local = shard(kind, hf, layout.tp_rank, layout.tp, shapes)
+            rank, size, _ = layout.cut(kind)
+            local = shard(kind, hf, rank, size, shapes)
             if tuple(local.shape) != tuple(params[name].shape):
                 raise ValueError(f"{model_dir}: {hf_names} gives {tuple(local.shape)} for {name}, expected "
                                  f"{tuple(params[name].shape)} (does config.json match the weights?)")
             params[name].copy_(local.to(params[name].dtype))
-        # megatron tags split parameters only when it initialises them itself; the engine's gradient norm
-        # counts replicated ones on tensor rank 0 only, so tag every parameter from its cut
-        params[name].tensor_model_parallel = kind != "rep" and layout.tp > 1
         seen.add(name)
     missing = [n for n in params if n not in seen]
     if missing:
@@ -208,60 +325,73 @@ def load_hf_weights(model: nn.Module, model_dir: str, hf_config, value_head: boo
 
 def _broadcast_from(tensor: torch.Tensor | None, src_stage: int, layout: ParallelLayout, dtype) -> torch.Tensor:
     """Send a stage's tensor to every stage of this pipeline (shape first, then data)."""
-    if layout.pp == 1:
+    return _broadcast_in(tensor, src_stage, layout.pp_rank, layout.pp, layout.pp_group, dtype)
+
+
+def _broadcast_in(tensor: torch.Tensor | None, src: int, me: int, size: int, group, dtype) -> torch.Tensor:
+    """Send the tensor of group rank ``src`` to every rank of ``group`` (shape first, then data)."""
+    if size == 1:
         return tensor
-    src = dist.get_global_rank(layout.pp_group, src_stage)
-    dev = collective_device(layout.pp_group)
+    src_global = dist.get_global_rank(group, src)
+    dev = collective_device(group)
     header = torch.zeros(5, dtype=torch.int64, device=dev)
-    if layout.pp_rank == src_stage:
+    if me == src:
         header[0] = tensor.dim()
         header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
-    dist.broadcast(header, src=src, group=layout.pp_group)
+    dist.broadcast(header, src=src_global, group=group)
     shape = tuple(int(x) for x in header[1 : 1 + int(header[0])])
-    buf = tensor.contiguous() if layout.pp_rank == src_stage else torch.empty(shape, dtype=dtype, device=dev)
-    dist.broadcast(buf, src=src, group=layout.pp_group)
+    buf = tensor.contiguous() if me == src else torch.empty(shape, dtype=dtype, device=dev)
+    dist.broadcast(buf, src=src_global, group=group)
     return buf
 
 
-def _walk_stages(model: nn.Module, hf_config, layout: ParallelLayout, stats: dict, stage_tensors, *,
+def _walk_stages(chunks: list[nn.Module], hf_config, layout: ParallelLayout, stats: dict, stage_tensors, *,
                  value_head: bool, tied_head: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every weight of the model in HF order: the owning stage makes its tensors with ``stage_tensors(name, kind)``
-    (one per HF name of the mcore parameter) and broadcasts them over the pipeline, counting received bytes in
-    ``stats["recv_bytes"]``. ``tied_head``: a tied output layer is also sent, as ``lm_head.weight`` made from the
-    embedding (``False``: not sent)."""
+    """Every weight of the model in HF order: the owning stage makes its tensors with
+    ``stage_tensors(chunk, name, kind)`` (one per HF name of the mcore parameter ``name`` of its model chunk
+    ``chunk``) and broadcasts them over the pipeline, counting received bytes in ``stats["recv_bytes"]``.
+    ``tied_head``: a tied output layer is also sent, as ``lm_head.weight`` made from the embedding (``False``: not
+    sent)."""
     arch = get_arch(hf_config)
-    dtype = next(model.parameters()).dtype
-    per_stage = hf_config.num_hidden_layers // layout.pp
+    dtype = next(chunks[0].parameters()).dtype
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
+    last_chunk = layout.vpp - 1
 
-    def emit(stage: int, name: str, hf_names: tuple, kind: str):
-        tensors = stage_tensors(name, kind) if layout.pp_rank == stage else [None] * len(hf_names)
+    def emit(stage: int, chunk: int, name: str, hf_names: tuple, kind: str, expert_owner_rank: int | None = None):
+        # an expert's tensors start on one expert-parallel rank of the stage (``expert_owner_rank``)
+        here = layout.pp_rank == stage and expert_owner_rank in (None, layout.ep_rank)
+        tensors = stage_tensors(chunk, name, kind) if here else [None] * len(hf_names)
         for hf_name, t in zip(hf_names, tensors):
+            if expert_owner_rank is not None and layout.pp_rank == stage and layout.ep > 1:
+                t = _broadcast_in(t, expert_owner_rank, layout.ep_rank, layout.ep, layout.ep_group, dtype)
+                if layout.ep_rank != expert_owner_rank:
+                    stats["recv_bytes"] += t.numel() * t.element_size()
             out = _broadcast_from(t, stage, layout, dtype)
             if layout.pp_rank != stage:
                 stats["recv_bytes"] += out.numel() * out.element_size()
             yield hf_name, out
 
-    yield from emit(0, "embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
+    yield from emit(0, 0, "embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
     for g in range(hf_config.num_hidden_layers):
-        stage, local_index = divmod(g, per_stage)
-        for rule in layer_rules(arch):
-            yield from emit(stage, f"decoder.layers.{local_index}.{rule.mcore}",
-                            tuple(f"model.layers.{g}.{h}" for h in rule.hf), rule.kind)
+        stage, chunk, local_index = layout.owner(hf_config.num_hidden_layers, g)
+        for rule in layer_rules(arch, num_experts(hf_config)):
+            owner, mcore = expert_owner(rule, hf_config, layout.ep) if rule.expert >= 0 else (None, rule.mcore)
+            yield from emit(stage, chunk, f"decoder.layers.{local_index}.{mcore}",
+                            tuple(f"model.layers.{g}.{h}" for h in rule.hf), rule.kind, owner)
     last = layout.pp - 1
-    yield from emit(last, "decoder.final_layernorm.weight", ("model.norm.weight",), "rep")
+    yield from emit(last, last_chunk, "decoder.final_layernorm.weight", ("model.norm.weight",), "rep")
     if value_head:
-        yield from emit(last, "output_layer.weight", ("score.weight",), "rep")
-        yield from emit(last, "output_layer.bias", ("score.bias",), "rep")
+        yield from emit(last, last_chunk, "output_layer.weight", ("score.weight",), "rep")
+        yield from emit(last, last_chunk, "output_layer.bias", ("score.bias",), "rep")
     elif tied:
         if tied_head:
-            yield from emit(0, "embedding.word_embeddings.weight", ("lm_head.weight",), "vocab")
+            yield from emit(0, 0, "embedding.word_embeddings.weight", ("lm_head.weight",), "vocab")
     else:
-        yield from emit(last, "output_layer.weight", ("lm_head.weight",), "vocab")
+        yield from emit(last, last_chunk, "output_layer.weight", ("lm_head.weight",), "vocab")
 
 
 @torch.no_grad()
-def iter_hf_params(model: nn.Module, hf_config, value_head: bool, stats: dict | None = None
+def iter_hf_params(model, hf_config, value_head: bool, stats: dict | None = None
                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every weight under its HF name, full size, on every rank (collective: all ranks iterate together).
 
@@ -271,24 +401,26 @@ def iter_hf_params(model: nn.Module, hf_config, value_head: bool, stats: dict | 
     """
     stats = stats if stats is not None else {}
     stats["recv_bytes"] = 0
-    layout = ParallelLayout()
+    chunks = as_chunks(model)
+    layout = ParallelLayout(len(chunks))
     shapes = model_shapes(hf_config, layout.tp)
-    params = dict(model.named_parameters())
+    params = [dict(c.named_parameters()) for c in chunks]
 
-    def gathered(name: str, kind: str) -> list[torch.Tensor]:
-        local = params[name].detach()
-        if layout.tp == 1 or kind == "rep":
+    def gathered(chunk: int, name: str, kind: str) -> list[torch.Tensor]:
+        local = params[chunk][name].detach()
+        _, size, group = layout.cut(kind)  # experts: the expert tensor-parallel group
+        if size == 1 or kind == "rep":
             return unshard(kind, [local], shapes)
-        parts = [torch.empty_like(local) for _ in range(layout.tp)]
-        dist.all_gather(parts, local.contiguous(), group=layout.tp_group)
-        stats["recv_bytes"] += (layout.tp - 1) * local.numel() * local.element_size()
+        parts = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(parts, local.contiguous(), group=group)
+        stats["recv_bytes"] += (size - 1) * local.numel() * local.element_size()
         return unshard(kind, parts, shapes)
 
-    yield from _walk_stages(model, hf_config, layout, stats, gathered, value_head=value_head, tied_head=True)
+    yield from _walk_stages(chunks, hf_config, layout, stats, gathered, value_head=value_head, tied_head=True)
 
 
 @torch.no_grad()
-def iter_hf_tp_shards(model: nn.Module, hf_config, vocab_range: tuple[int, int],
+def iter_hf_tp_shards(model, hf_config, vocab_range: tuple[int, int],
                       stats: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every weight under its HF name as **this tensor rank's piece**, laid out as an inference engine with the
     same tensor-parallel size holds it (collective: all ranks iterate together).
@@ -300,9 +432,13 @@ def iter_hf_tp_shards(model: nn.Module, hf_config, vocab_range: tuple[int, int],
     same tensor rank of the other stages. Tied output layers are not sent (the engine shares the embedding).
     ``stats["recv_bytes"]`` counts what this rank received from other ranks.
     """
-    layout = ParallelLayout()
+    if get_arch(hf_config).experts:
+        raise NotImplementedError(f"{get_arch(hf_config).name}: per-rank weight pieces are not made for "
+                                  "mixture-of-experts models; push full tensors (iter_hf_params)")
+    chunks = as_chunks(model)
+    layout = ParallelLayout(len(chunks))
     shapes = model_shapes(hf_config, layout.tp)
-    params = dict(model.named_parameters())
+    params = [dict(c.named_parameters()) for c in chunks]
     stats = stats if stats is not None else {}
     stats["recv_bytes"] = 0
     dev = collective_device(layout.tp_group)
@@ -326,8 +462,8 @@ def iter_hf_tp_shards(model: nn.Module, hf_config, vocab_range: tuple[int, int],
         stats["recv_bytes"] += (sum(out_splits) - out_splits[me]) * out[0].numel() * out.element_size()
         return out
 
-    def own_pieces(name: str, kind: str) -> list[torch.Tensor]:
-        local = params[name].detach()
+    def own_pieces(chunk: int, name: str, kind: str) -> list[torch.Tensor]:
+        local = params[chunk][name].detach()
         return [vocab_rows(local)] if kind == "vocab" else local_hf_pieces(kind, local, shapes, layout.tp)
 
-    yield from _walk_stages(model, hf_config, layout, stats, own_pieces, value_head=False, tied_head=False)
+    yield from _walk_stages(chunks, hf_config, layout, stats, own_pieces, value_head=False, tied_head=False)

@@ -25,7 +25,8 @@ class FusedKernelOptions(Section):
 
 
 NO_TILED_MLP = "tiled MLP computation is not available; the MLP runs in one piece (use gradient checkpointing for memory)"
-NO_MOE = "the supported architectures have no experts, so there is no routing to record or replay; leave the default"
+NO_MOE = ("routing replay (recording the experts chosen at rollout and replaying them in training) is not "
+          "available; leave the default")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from verl.trainer.config_schema.offline import EvaluationConfig, GenerationConfig
 from verl.trainer.config_schema.ppo import PPOTrainerConfig
 from verl.trainer.config_schema.sft import SFTTrainerConfig
+from verl.trainer.config_schema.sft_engine import SFTEngineTrainerConfig
 
 __all__ = ["ShippedYaml", "SHIPPED"]
 
@@ -25,6 +26,7 @@ SHIPPED = (
                 PPOTrainerConfig, {"actor_rollout_ref.actor.strategy": "megatron", "critic.strategy": "megatron",
                                    "reward_model.strategy": "megatron"}),
     ShippedYaml("sft_trainer", "python -m verl.trainer.fsdp_sft_trainer", SFTTrainerConfig),
+    ShippedYaml("sft_trainer_engine", "python -m verl.trainer.sft_trainer", SFTEngineTrainerConfig),
     ShippedYaml("generation", "python -m verl.trainer.main_generation", GenerationConfig),
     ShippedYaml("evaluation", "python -m verl.trainer.main_eval", EvaluationConfig),
 )

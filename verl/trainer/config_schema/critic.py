@@ -7,8 +7,9 @@ from typing import Optional, Union
 
 from verl.trainer.config_schema.actor import LOSS_AGG_MODES, ROLLOUT_N, TiledMLPConfig
 from verl.trainer.config_schema.engine import (DTYPES, NO_ULYSSES, STRATEGIES, CheckpointConfig, CriticOptimConfig,
-                                               FollowingMegatronConfig, FSDPConfig)
-from verl.trainer.config_schema.places import BATCH_SIZES, ENGINE, MAIN, MODEL, REWARD, RUNNER, SCHEMA, TRAINER, WORKERS
+                                               FollowingMegatronConfig, FSDPConfig, MegatronConfig)
+from verl.trainer.config_schema.places import (BATCH_SIZES, ENGINE, MAIN, MEGATRON, MODEL, REWARD, RUNNER, SCHEMA,
+                                               TRAINER, WORKERS)
 from verl.trainer.config_schema.profiler import RewardModelProfilerConfig, RoleProfilerConfig
 from verl.trainer.config_schema.spec import Section, key, picked, section
 
@@ -158,6 +159,28 @@ class SandboxFusionConfig(Section):
                                read_in=(REWARD, CODE_SCORER))
 
 
+ACTOR_MEGATRON = "actor_rollout_ref.actor.megatron"
+
+
+@dataclass(frozen=True)
+class RewardModelMegatronConfig(MegatronConfig):
+    """``reward_model.megatron`` (verl's megatron_reward_model.yaml): the reward model's own parallel sizes. It runs
+    forward passes only, so there is no optimizer state to shard; the seed, the transformer overrides and the
+    converter switches follow the actor's unless set."""
+
+    use_distributed_optimizer: bool = key(False, "shard the optimizer state (the reward model keeps none)",
+                                          read_in=(MEGATRON,))
+    seed: int = key(42, "Megatron seed", ge=0, follows=f"{ACTOR_MEGATRON}.seed", read_in=(MEGATRON,))
+    override_transformer_config: dict = key({}, "megatron-core TransformerConfig fields applied over the engine's "
+                                                "(as the actor's)",
+                                            follows=f"{ACTOR_MEGATRON}.override_transformer_config",
+                                            read_in=(MEGATRON, "verl/models/mcore/model.py"))
+    use_mbridge: bool = key(False, "load HF weights through mbridge (verl); the same weights load either way",
+                            follows=f"{ACTOR_MEGATRON}.use_mbridge", read_in=(MEGATRON,))
+    vanilla_mbridge: bool = key(True, "mbridge variant (verl); the same weights load either way",
+                                follows=f"{ACTOR_MEGATRON}.vanilla_mbridge", read_in=(MEGATRON,))
+
+
 @dataclass(frozen=True)
 class RewardModelConfig(Section):
     """``reward_model``: off by default (rule-based rewards come from the reward manager)."""
@@ -166,7 +189,8 @@ class RewardModelConfig(Section):
     enable_resource_pool: bool = key(False, "the RM gets its own pool of n_gpus_per_node x nnodes", read_in=(MAIN,))
     n_gpus_per_node: int = key(8, "devices (CPU: processes) per node of the RM pool", ge=1, read_in=(MAIN,))
     nnodes: int = key(0, "nodes of the RM pool", ge=0, read_in=(MAIN,))
-    strategy: str = key("fsdp", "engine of the RM (megatron: accepted while reward_model.enable=false)",
+    strategy: str = key("fsdp", "engine of the RM (megatron: the sequence classifier on the Megatron engine, sizes in "
+                                "reward_model.megatron)",
                         choices=STRATEGIES, read_in=(RUNNER,))
     micro_batch_size: Optional[int] = key(None, "deprecated global micro batch", ge=1, read_in=(WORKERS,))
     micro_batch_size_per_gpu: Optional[int] = key(None, "sequences per RM forward on one device/process", ge=1,
@@ -195,6 +219,8 @@ class RewardModelConfig(Section):
     overlong_buffer: Optional[dict] = key(None, "DAPO overlong penalty (recipe spelling; free-form)", read_in=(REWARD,),
                                           optional=True)
     sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig)
+    # verl: reward_model/megatron_reward_model.yaml (its own sizes, not the actor's); strategy=megatron only
+    megatron: RewardModelMegatronConfig = section(RewardModelMegatronConfig, optional=True)
     model: RMModelConfig = section(RMModelConfig)
     rollout: RMRolloutConfig = section(RMRolloutConfig)
     profiler: RewardModelProfilerConfig = section(RewardModelProfilerConfig)

@@ -18,9 +18,7 @@ STRATEGIES = Registered(engine_names)  # fsdp, fsdp2, megatron and every name gi
 NO_ULYSSES = "Ulysses sequence parallel is not available yet; use 1"
 NO_CHUNKED_ENTROPY = "the entropy is computed in one pass here; leave false"
 NO_MEGATRON_OFFLOAD = "refused unless false: the Megatron engine does not offload an accelerator's memory to the host"
-NO_MEGATRON_VPP = "interleaved pipeline stages are not available in the Megatron engine; leave null"
 NO_MEGATRON_CP = "context parallelism needs CUDA (Transformer Engine's attention); use 1"
-NO_MEGATRON_EP = "the supported architectures (Qwen2, Llama) have no experts; use 1"
 HOST_ALREADY = "no effect (parameters already live in host memory)"
 
 
@@ -99,8 +97,6 @@ class RefFSDPConfig(FSDPConfig):
 MCORE_SCHEDULE = ("the Megatron engine runs the same learning-rate schedule as the FSDP engine (optim.lr_warmup_steps "
                   "/ lr_warmup_steps_ratio, then optim.lr_scheduler_type constant | cosine with min_lr_ratio); leave "
                   "the default")
-NO_DIST_CKPT = ("starting from a Megatron distributed checkpoint is not available: the engine converts the HF weights "
-                "of model.path (this library's own checkpoints resume with trainer.resume_mode)")
 
 
 @dataclass(frozen=True)
@@ -178,10 +174,14 @@ class MegatronConfig(Section):
                                           ge=1, read_in=(MEGATRON,))
     pipeline_model_parallel_size: int = key(1, "pipeline parallel size (must divide the layers)", ge=1,
                                             read_in=(MEGATRON,))
-    virtual_pipeline_model_parallel_size: Optional[int] = key(None, "interleaved pipeline stages", ge=1,
-                                                              unsupported=NO_MEGATRON_VPP)
+    virtual_pipeline_model_parallel_size: Optional[int] = key(None, "model chunks per pipeline rank (megatron's "
+                                                              "interleaved layer assignment; null: 1); pipeline x "
+                                                              "virtual sizes must divide the layers", ge=1,
+                                                              read_in=(MEGATRON,))
     context_parallel_size: int = key(1, "context parallel size", ge=1, unsupported=NO_MEGATRON_CP)
-    expert_model_parallel_size: int = key(1, "expert parallel size", ge=1, unsupported=NO_MEGATRON_EP)
+    expert_model_parallel_size: int = key(1, "expert parallel size: the experts of a mixture-of-experts model split "
+                                             "over this many ranks (must divide the experts; a dense model: 1)",
+                                          ge=1, read_in=(MEGATRON,))
     sequence_parallel: bool = key(True, "Megatron sequence parallel (off when tensor_model_parallel_size=1)",
                                   read_in=(MEGATRON,))
     use_distributed_optimizer: bool = key(True, "shard the optimizer state over the data-parallel ranks",
@@ -193,12 +193,17 @@ class MegatronConfig(Section):
     optimizer_offload: bool = key(False, "keep optimizer state in host memory", read_in=(MEGATRON,), cpu=HOST_ALREADY,
                                   gpu=NO_MEGATRON_OFFLOAD, npu=NO_MEGATRON_OFFLOAD)
     seed: int = key(42, "Megatron seed", ge=0, read_in=(MEGATRON,))
-    use_dist_checkpointing: bool = key(False, "load the initial weights from a Megatron distributed checkpoint",
-                                       unsupported=NO_DIST_CKPT)
-    dist_checkpointing_path: Optional[str] = key(None, "that checkpoint's directory", unsupported=NO_DIST_CKPT)
-    dist_checkpointing_prefix: str = key("", "key prefix inside that checkpoint", unsupported=NO_DIST_CKPT)
-    expert_tensor_parallel_size: Optional[int] = key(None, "expert tensor parallel size", ge=1,
-                                                     unsupported=NO_MEGATRON_EP, ok=lambda v: v in (None, 1))
+    use_dist_checkpointing: bool = key(False, "load the initial weights from a Megatron distributed checkpoint "
+                                              "(dist_checkpointing_path) instead of model.path's HF weights; the "
+                                              "tokenizer and HF config still come from model.path",
+                                       read_in=(MEGATRON,))
+    dist_checkpointing_path: Optional[str] = key(None, "that checkpoint's directory (python -m "
+                                                       "verl.models.mcore.converter_hf_to_mcore writes one)",
+                                                 read_in=(MEGATRON,))
+    dist_checkpointing_prefix: str = key("", "key prefix inside that checkpoint (NeMo: module.)", read_in=(MEGATRON,))
+    expert_tensor_parallel_size: Optional[int] = key(None, "expert tensor parallel size: each expert's matrices cut "
+                                                           "over this many ranks (null: the tensor parallel size)",
+                                                     ge=1, read_in=(MEGATRON,))
     use_mbridge: bool = key(False, "load HF weights through mbridge (verl); here the engine's own converter loads "
                                    "the same weights for either value", read_in=(MEGATRON,))
     vanilla_mbridge: bool = key(True, "mbridge variant (verl); the same weights load for either value",

@@ -36,6 +36,12 @@ def _sizes(meg: dict) -> tuple[int, int]:
     return int(meg.get("tensor_model_parallel_size") or 1), int(meg.get("pipeline_model_parallel_size") or 1)
 
 
+def _expert_sizes(meg: dict) -> tuple[int, int]:
+    """(expert_model_parallel_size, expert_tensor_parallel_size; megatron's default for the latter: the TP size)."""
+    tp = _sizes(meg)[0]
+    return int(meg.get("expert_model_parallel_size") or 1), int(meg.get("expert_tensor_parallel_size") or tp)
+
+
 def _hf_config(path: str, trust: bool):
     from transformers import AutoConfig  # here: the driver validates configs without loading transformers
 
@@ -44,8 +50,8 @@ def _hf_config(path: str, trust: bool):
 
 def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerConfig | None = None) -> None:
     """Megatron keys only with strategy=megatron; sizes that divide the processes, heads and layers; a
-    supported architecture; one parallel grid per worker group; no LoRA / Megatron reward model. ``typed``: the
-    config's typed view, when the caller has built it."""
+    supported architecture; one parallel grid per worker group; no LoRA; a Megatron reward model's own sizes; a
+    dist-checkpoint start's directory. ``typed``: the config's typed view, when the caller has built it."""
     typed = as_ppo_config(config, typed)
     ar = typed.actor_rollout_ref
     roles = [(f"{AR}.actor", ar.actor, f"{AR}.model.path"), (f"{AR}.ref", ar.ref, f"{AR}.model.path"),
@@ -85,11 +91,17 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
                                     f"{prefix}.optim.override_optimizer_config", on_cpu)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        _check_dist_checkpoint(meg, f"{prefix}.megatron", check_files)
         tp, pp = _sizes(meg)
         n_procs = int(typed.trainer.n_gpus_per_node) * int(typed.trainer.nnodes)
         if n_procs % (tp * pp):
             raise ConfigError(f"{prefix}.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = "
                               f"{tp} * {pp} must divide trainer.n_gpus_per_node * trainer.nnodes = {n_procs}")
+        ep, etp = _expert_sizes(meg)
+        if n_procs % (etp * ep * pp):
+            raise ConfigError(f"{prefix}.megatron: expert_tensor_parallel_size * expert_model_parallel_size * "
+                              f"pipeline_model_parallel_size = {etp} * {ep} * {pp} must divide "
+                              f"trainer.n_gpus_per_node * trainer.nnodes = {n_procs}")
         path = attrgetter(path_key)(typed)
         if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
             trust = bool(ar.model.trust_remote_code)
@@ -98,13 +110,62 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
             except ValueError as e:
                 raise ConfigError(f"{e} (model {path_key}={path})") from None
     if actor_megatron and _ref_used(typed) and ar.ref.strategy == "megatron":
-        a, r = _sizes(_section_dict(ar.actor.megatron)), _sizes(_section_dict(ar.ref.megatron))
+        actor_meg, ref_meg = _section_dict(ar.actor.megatron), _section_dict(ar.ref.megatron)
+        a = _sizes(actor_meg) + _expert_sizes(actor_meg)
+        r = _sizes(ref_meg) + _expert_sizes(ref_meg)
         if a != r:
-            raise ConfigError(f"{AR}.ref.megatron (tp, pp) = {r} differs from {AR}.actor.megatron {a}: the reference "
-                              "shares the actor's processes; use the same sizes")
+            raise ConfigError(f"{AR}.ref.megatron (tp, pp, ep, etp) = {r} differs from {AR}.actor.megatron {a}: the "
+                              "reference shares the actor's processes; use the same sizes")
     if typed.reward_model.enable and typed.reward_model.strategy == "megatron":
-        raise ConfigError("reward_model.strategy=megatron is not available (sequence-classification heads); set "
-                          "reward_model.strategy=fsdp")
+        _check_megatron_reward_model(typed, check_files)
+
+
+def _check_megatron_reward_model(typed: PPOTrainerConfig, check_files: bool) -> None:
+    """``reward_model.strategy=megatron``: the sequence classifier on the Megatron engine, in the Megatron workers
+    (which follow the actor's strategy), its ``reward_model.megatron`` sizes dividing its processes."""
+    rm, prefix = typed.reward_model, "reward_model"
+    if typed.actor_rollout_ref.actor.strategy != "megatron":
+        raise ConfigError(f"{prefix}.strategy=megatron needs {AR}.actor.strategy=megatron too (the worker classes "
+                          f"follow the actor's strategy); set {prefix}.strategy=fsdp")
+    if importlib.util.find_spec("megatron") is None:
+        raise ConfigError(f"{prefix}.strategy=megatron needs megatron-core, which is not installed: "
+                          f"`pip install .[mcore]` (or megatron-core 0.16), or set {prefix}.strategy=fsdp")
+    meg = _section_dict(rm.megatron)
+    on_cpu = get_device_name() == "cpu"
+    try:
+        transformer_overrides(meg, f"{prefix}.megatron", on_cpu)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _check_dist_checkpoint(meg, f"{prefix}.megatron", check_files)
+    tp, pp = _sizes(meg)
+    pool = typed.reward_model if rm.enable_resource_pool else typed.trainer
+    n_procs = int(pool.n_gpus_per_node) * int(pool.nnodes)
+    if n_procs % (tp * pp):
+        raise ConfigError(f"{prefix}.megatron: tensor_model_parallel_size * pipeline_model_parallel_size = {tp} * {pp} "
+                          f"must divide the reward model's {n_procs} processes")
+    path = rm.model.path
+    if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
+        hf = _hf_config(str(path), bool(rm.model.trust_remote_code))
+        try:
+            check_megatron_settings(meg, hf, f"{prefix}.megatron", on_cpu=on_cpu)
+        except ValueError as e:
+            raise ConfigError(f"{e} (model {prefix}.model.path={path})") from None
+
+
+def _check_dist_checkpoint(meg: dict, prefix: str, check_files: bool) -> None:
+    """``use_dist_checkpointing=True`` needs ``dist_checkpointing_path``: a Megatron distributed checkpoint."""
+    if not meg.get("use_dist_checkpointing"):
+        return
+    path = meg.get("dist_checkpointing_path")
+    make = ("`python -m verl.models.mcore.converter_hf_to_mcore --hf_model_path <hf dir> --output_path <dir>` writes "
+            "one from HF weights")
+    if not path:
+        raise ConfigError(f"{prefix}.use_dist_checkpointing=True needs {prefix}.dist_checkpointing_path, the directory "
+                          f"of a Megatron distributed checkpoint ({make}); or set {prefix}.use_dist_checkpointing="
+                          "False to start from model.path's HF weights")
+    if check_files and not os.path.isfile(os.path.join(os.path.expanduser(str(path)), "metadata.json")):
+        raise ConfigError(f"{prefix}.dist_checkpointing_path={path!r} is not a Megatron distributed checkpoint (no "
+                          f"metadata.json there); {make}")
 
 
 def _critic_used(typed: PPOTrainerConfig) -> bool:

@@ -10,7 +10,7 @@ from verl.trainer.config_schema.actor import ActorConfig, ModelConfig, RefConfig
 from verl.trainer.config_schema.critic import CriticConfig, RewardModelConfig
 from verl.trainer.config_schema.places import (ADV, DAPO, KL, MAIN, PF_PPO, REWARD, RL_DATA, ROLLOUT_CORR, RUNNER,
                                                TRACKING, CHECKPOINTING, TRAINER, TRAINER_DATA, VALIDATION,
-                                               WORKER_GROUPS, WORKERS)
+                                               WORKER_GROUPS, WORKERS, RECIPE)
 from verl.trainer.config_schema.profiler import GlobalProfilerConfig
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import Section, build, key, section
@@ -286,6 +286,15 @@ class TrainerConfig(Section):
                                       read_in=(RUNNER,))
     esi_redundant_time: float = key(0, "elastic-instance checkpoint margin (seconds)", ge=0,
                                     unsupported="elastic (ESI) checkpointing is not available; leave 0")
+
+
+@dataclass(frozen=True)
+class RecipeTrainerConfig(TrainerConfig):
+    """``trainer`` of the recipe drivers (DPO, SimPO, the reward model, GKD, SPIN, online DPO / SPPO, rejection
+    sampling): the PPO trainer's keys plus the seed of their data order."""
+
+    seed: int = key(0, "seed of the prompt / pair order (and of sampling, where the recipe samples)", ge=0,
+                    read_in=(RECIPE,))
 
 
 @dataclass(frozen=True)

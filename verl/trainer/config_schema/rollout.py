@@ -217,7 +217,7 @@ class RolloutConfig(Section):
     skip_tokenizer_init: bool = key(True, "start the engine without its own tokenizer (token ids in and out)",
                                     unsupported="the engines are given token ids and the trainer decodes; leave true")
     enable_rollout_routing_replay: bool = key(False, "record expert routing during rollout (mixture-of-experts)",
-                                              unsupported="the supported architectures have no experts; leave false")
+                                              unsupported="routing replay is not available; leave false")
     trace: TraceConfig = section(TraceConfig)
     prometheus: PrometheusConfig = section(PrometheusConfig)
     server: ServerConfig = section(ServerConfig, optional=True)

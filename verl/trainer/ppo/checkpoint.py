@@ -104,19 +104,18 @@ class CheckpointMixin:
     """Save and resume of ``RayPPOTrainer`` in the layout above. A trainer that draws data ahead or keeps
     more driver state overrides ``_loader_checkpoint_state`` / ``_driver_state`` / ``_restore_driver_state``.
 
-    Needs on ``self``: ``config``, ``global_steps``, ``metric_history``, ``actor_rollout_wg``, ``use_critic``
+    Needs on ``self``: ``typed_config``, ``global_steps``, ``metric_history``, ``actor_rollout_wg``, ``use_critic``
     (and ``critic_wg``), ``train_dataloader`` and ``kl_ctrl_in_reward``.
     """
 
     def _checkpoint_root(self) -> str:
-        return os.path.abspath(os.path.expanduser(str(self.config.trainer.default_local_dir)))
+        return os.path.abspath(os.path.expanduser(str(self.typed_config.trainer.default_local_dir)))
 
     def _save_checkpoint(self) -> None:
         root = self._checkpoint_root()
         folder = step_folder(root, self.global_steps)
-        trainer_cfg = self.config.trainer
-        max_actor = trainer_cfg.get("max_actor_ckpt_to_keep", None)
-        max_critic = trainer_cfg.get("max_critic_ckpt_to_keep", None)
+        trainer_cfg = self.typed_config.trainer
+        max_actor, max_critic = trainer_cfg.max_actor_ckpt_to_keep, trainer_cfg.max_critic_ckpt_to_keep
         print(f"Saving checkpoint to {folder}")
         self.actor_rollout_wg.save_checkpoint(os.path.join(folder, "actor"), None, self.global_steps,
                                               max_ckpt_to_keep=max_actor)
@@ -134,7 +133,7 @@ class CheckpointMixin:
         return self.train_dataloader.state_dict()
 
     def _load_checkpoint(self) -> int:
-        mode = self.config.trainer.get("resume_mode", "auto")
+        mode = self.typed_config.trainer.resume_mode
         if mode == "disable":
             return 0
         if mode == "auto":
@@ -143,14 +142,14 @@ class CheckpointMixin:
                 print("Training from scratch")
                 return 0
         elif mode == "resume_path":
-            folder = os.path.abspath(os.path.expanduser(str(self.config.trainer.resume_from_path)))
+            folder = os.path.abspath(os.path.expanduser(str(self.typed_config.trainer.resume_from_path)))
         else:
             raise ValueError(f"trainer.resume_mode={mode!r} is not one of: auto, disable, resume_path")
         if "global_step_" not in folder:
             raise ValueError(f"resume folder {folder} must be named global_step_N")
         self.global_steps = int(folder.rstrip("/").split("global_step_")[-1])
         print(f"Resuming from {folder} (global step {self.global_steps})")
-        delete = bool(self.config.trainer.get("del_local_ckpt_after_load", False))
+        delete = bool(self.typed_config.trainer.del_local_ckpt_after_load)
         self.actor_rollout_wg.load_checkpoint(os.path.join(folder, "actor"), del_local_after_load=delete)
         if self.use_critic:
             self.critic_wg.load_checkpoint(os.path.join(folder, "critic"), del_local_after_load=delete)

@@ -8,21 +8,17 @@ one: started before the first, stopped after the last.
 
 from __future__ import annotations
 
-from functools import cached_property
-
 from verl.trainer.config_schema.profiler import GlobalProfilerConfig
-from verl.utils.config import omega_conf_to_dataclass
 
 __all__ = ["ProfilingMixin"]
 
 
 class ProfilingMixin:
-    """Trainer side of profiling; the trainer provides ``config``, ``global_steps`` and its worker groups."""
+    """Trainer side of profiling; the trainer provides ``typed_config``, ``global_steps`` and its worker groups."""
 
-    @cached_property
+    @property
     def _global_profiler(self) -> GlobalProfilerConfig:
-        """``global_profiler``, typed once (the trainer's config does not change while it runs)."""
-        return omega_conf_to_dataclass(self.config.global_profiler, GlobalProfilerConfig)
+        return self.typed_config.global_profiler
 
     def _profiled_steps(self) -> set[int]:
         return set(self._global_profiler.steps or ())  # null: no step is profiled

@@ -47,7 +47,7 @@ from tqdm import tqdm
 from verl.experimental.agent_loop.metrics import agent_loop_metrics
 from verl.protocol import DataProto, WorkerError, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayWorkerGroup, ResourcePoolManager
-from verl.trainer.config_schema.ppo import AlgorithmConfig
+from verl.trainer.config_schema.ppo import AlgorithmConfig, PPOTrainerConfig, as_ppo_config
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.checkpoint import CheckpointMixin, stopped_run_error
 from verl.trainer.ppo.core_algos import AdvantageEstimator, apply_kl_penalty, compute_advantage
@@ -72,7 +72,6 @@ from verl.trainer.ppo.utils import (
     rollout_probs_diff_metrics,
 )
 from verl.trainer.ppo.validation import ValidationMixin, _val_metric_names  # noqa: F401 (re-exported)
-from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import resolve_device
 from verl.utils.padding import response_attention_mask
 from verl.utils.plotting import plot_training_curves, plottable_metrics
@@ -121,8 +120,10 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         collate_fn=None,
         train_sampler=None,
         device_name: Optional[str] = None,
+        typed_config: Optional[PPOTrainerConfig] = None,
     ):
-        self.config = config
+        self.config = config  # as given (a recipe may read its own keys); the code below reads the typed view
+        self.typed_config = tc = as_ppo_config(config, typed_config)
         self.tokenizer = tokenizer
         self.processor = processor
         self.reward_fn = reward_fn
@@ -131,25 +132,24 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         self.resource_pool_manager = resource_pool_manager
         self.ray_worker_group_cls = ray_worker_group_cls
 
-        self.hybrid_engine = config.actor_rollout_ref.hybrid_engine
+        self.hybrid_engine = tc.actor_rollout_ref.hybrid_engine
         if not self.hybrid_engine:
             raise ValueError("actor_rollout_ref.hybrid_engine=False is not supported: actor and rollout share workers")
         if Role.ActorRollout not in role_worker_mapping:
             raise ValueError(f"role_worker_mapping needs Role.ActorRollout; got {list(role_worker_mapping)}")
 
         if device_name is None:
-            device_name = resolve_device(config.trainer.get("device", "auto"))
+            device_name = resolve_device(tc.trainer.device)
         self.device_name = device_name
         self.use_critic = need_critic(config)
         self.use_rm = need_reward_model(role_worker_mapping)
-        self.ref_in_actor = int(config.actor_rollout_ref.model.get("lora_rank", 0) or 0) > 0
-        wants_kl = config.algorithm.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+        self.ref_in_actor = int(tc.actor_rollout_ref.model.lora_rank or 0) > 0
+        wants_kl = tc.algorithm.use_kl_in_reward or tc.actor_rollout_ref.actor.use_kl_loss
         self.use_reference_policy = need_reference_policy(role_worker_mapping) or (self.ref_in_actor and wants_kl)
         if self.use_critic and Role.Critic not in role_worker_mapping:
             raise ValueError("the config needs a critic (adv_estimator=gae or critic.enable) but role_worker_mapping "
                              "has no Role.Critic")
-        # the algorithm functions read their section by attribute: build it typed once
-        self.algorithm: AlgorithmConfig = omega_conf_to_dataclass(config.algorithm, AlgorithmConfig)
+        self.algorithm: AlgorithmConfig = tc.algorithm  # the algorithm functions read it by attribute
         self.kl_ctrl_in_reward = (
             core_algos.get_kl_controller(self.algorithm.kl_ctrl) if self.algorithm.use_kl_in_reward else None
         )
@@ -171,20 +171,20 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
     def _fit(self) -> None:
         """Validate, then step until ``total_training_steps``; log, test, checkpoint."""
         self.logger = Tracking(
-            project_name=self.config.trainer.project_name,
-            experiment_name=self.config.trainer.experiment_name,
-            default_backend=self.config.trainer.logger,
+            project_name=self.typed_config.trainer.project_name,
+            experiment_name=self.typed_config.trainer.experiment_name,
+            default_backend=self.typed_config.trainer.logger,
             config=OmegaConf.to_container(self.config, resolve=True),
         )
         self.global_steps = 0
         self._load_checkpoint()
 
-        if self.val_reward_fn is not None and self.config.trainer.get("val_before_train", True):
+        if self.val_reward_fn is not None and self.typed_config.trainer.val_before_train:
             val_metrics = self._validate()
             pprint(f"Initial validation metrics: {val_metrics}")
             self.logger.log(data=val_metrics, step=self.global_steps)
             self.metric_history.append((self.global_steps, _plottable(val_metrics)))  # step 0 of the accuracy curve
-            if self.config.trainer.get("val_only", False):
+            if self.typed_config.trainer.val_only:
                 self._finish()
                 return
 
@@ -203,12 +203,12 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
             with marked_timer("step", timing_raw):
                 batch = self.train_step(DataProto.from_single_dict(batch_dict), metrics, timing_raw)
                 self._maybe_dump_rollouts(batch, timing_raw)
-                if self._due(self.config.trainer.test_freq, is_last_step) and self.val_reward_fn is not None:
+                if self._due(self.typed_config.trainer.test_freq, is_last_step) and self.val_reward_fn is not None:
                     with marked_timer("testing", timing_raw):
                         val_metrics = self._validate()
                     last_val_metrics = val_metrics if is_last_step else last_val_metrics
                     metrics.update(val_metrics)
-                if self._due(self.config.trainer.save_freq, is_last_step):
+                if self._due(self.typed_config.trainer.save_freq, is_last_step):
                     with marked_timer("save_checkpoint", timing_raw):
                         self._save_checkpoint()
             if profile_stop:
@@ -246,7 +246,7 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
     def _rollout(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         """Generate ``rollout.n`` responses per prompt: each prompt row (with a fresh ``uid``) repeated n times,
         joined with its responses and ``response_mask``."""
-        cfg, n = self.config, int(self.config.actor_rollout_ref.rollout.n)
+        cfg, n = self.typed_config, int(self.typed_config.actor_rollout_ref.rollout.n)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_batch = self._pop_gen_batch(batch)
 
@@ -265,13 +265,13 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
     def _learn(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
         """Everything after generation: log probs, values, rewards, advantages, critic and actor updates. A batch
         that already carries ``token_level_scores`` (scored by a recipe, e.g. to filter groups) keeps them."""
-        cfg = self.config
+        cfg = self.typed_config
         if cfg.trainer.balance_batch:
             self._balance_batch(batch, metrics)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         future_reward = None
         scored = "token_level_scores" in batch.batch.keys()
-        if cfg.reward_model.get("launch_reward_fn_async", False) and not scored:
+        if cfg.reward_model.launch_reward_fn_async and not scored:
             with marked_timer("reward", timing_raw, color="yellow"):
                 batch, future_reward = self._launch_reward(batch)
 
@@ -307,7 +307,7 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         non_tensor = [k for k in _GEN_NON_TENSOR_KEYS if k in batch.non_tensor_batch]
         gen_batch = batch.pop(batch_keys=[k for k in _GEN_BATCH_KEYS if k in batch.batch.keys()],
                               non_tensor_batch_keys=non_tensor)
-        if self.config.actor_rollout_ref.rollout.get("mode", "async") == "async":
+        if self.typed_config.actor_rollout_ref.rollout.mode == "async":
             # agent loops get every row field (reward_model, extra_info, ...) in run(**kwargs), as in verl; a copy:
             # the batch keeps them for the reward
             gen_batch.non_tensor_batch.update({k: v for k, v in batch.non_tensor_batch.items()
@@ -360,29 +360,28 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         rollout_corr.py): from the update's own forward (``update``) or the rollout's own in bypass mode (both
         return True; the actor then reports the sync metric), else the trainer's pass, plus truncated IS weights
         when ``rollout_is`` is set."""
-        correction = self.config.algorithm.get("rollout_correction", None) or {}
-        if self.config.actor_rollout_ref.actor.get("old_log_prob_source", "trainer") == "update":
+        correction = self.typed_config.algorithm.rollout_correction
+        if self.typed_config.actor_rollout_ref.actor.old_log_prob_source == "update":
             batch.meta_info["old_log_probs_from_update"] = True  # exact: see resolve_host_defaults
             return batch, True
-        if correction.get("bypass_mode", False):
+        if correction.bypass_mode:
             if "rollout_log_probs" not in batch.batch.keys():
                 raise RuntimeError("algorithm.rollout_correction.bypass_mode=True needs rollout_log_probs from the "
                                    "rollout engine; this rollout returned none")
             batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
             batch.meta_info["bypass_mode"] = True
-            if correction.get("loss_type", "ppo_clip") == "reinforce":
+            if correction.loss_type == "reinforce":
                 batch.meta_info["bypass_reinforce"] = {
-                    "rollout_is": correction.get("rollout_is", None),
-                    "rollout_is_threshold": float(correction.get("rollout_is_threshold", 2.0)),
-                    "rollout_is_batch_normalize": bool(correction.get("rollout_is_batch_normalize", False))}
+                    "rollout_is": correction.rollout_is, "rollout_is_threshold": float(correction.rollout_is_threshold),
+                    "rollout_is_batch_normalize": bool(correction.rollout_is_batch_normalize)}
             return batch, True
         with marked_timer("old_log_prob", timing_raw, color="blue"):
             batch = batch.union(self._compute_old_log_prob(batch, metrics))
-        if correction.get("rollout_is", None) and "rollout_log_probs" in batch.batch.keys():
+        if correction.rollout_is and "rollout_log_probs" in batch.batch.keys():
             weights, is_metrics = compute_rollout_is_weights(
                 batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"],
-                correction["rollout_is"], float(correction.get("rollout_is_threshold", 2.0)),
-                batch_normalize=bool(correction.get("rollout_is_batch_normalize", False)))
+                correction.rollout_is, float(correction.rollout_is_threshold),
+                batch_normalize=bool(correction.rollout_is_batch_normalize))
             batch.batch["rollout_is_weights"] = weights
             metrics.update(is_metrics)
         return batch, False
@@ -391,7 +390,7 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         old = self.actor_rollout_wg.compute_log_prob(batch)
         if "entropys" in old.batch.keys():
             metrics["actor/entropy"] = entropy_metric(old.batch["entropys"], batch.batch["response_mask"],
-                                                      self.config.actor_rollout_ref.actor.loss_agg_mode)
+                                                      self.typed_config.actor_rollout_ref.actor.loss_agg_mode)
             old.pop(batch_keys=["entropys"])
         if "rollout_log_probs" in batch.batch.keys():
             metrics.update(rollout_probs_diff_metrics(batch.batch["rollout_log_probs"], old.batch["old_log_probs"],
@@ -435,7 +434,7 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
         pf_ppo = algo.use_pf_ppo and algo.adv_estimator == AdvantageEstimator.GAE.value
         if pf_ppo:
             batch.batch[_PF_PPO_ROW] = torch.arange(len(batch))
-        seed = self.config.data.get("seed", None)
+        seed = self.typed_config.data.seed
         with torch.random.fork_rng(devices=[]):
             # the CPU generator only (what fork_rng saves): torch.manual_seed would also queue a lazy CUDA seeding,
             # which records a stack trace (~1 ms) on every call in a process without CUDA
@@ -446,7 +445,7 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
                 adv_estimator=algo.adv_estimator,
                 gamma=algo.gamma,
                 lam=algo.lam,
-                num_repeat=int(self.config.actor_rollout_ref.rollout.n),
+                num_repeat=int(self.typed_config.actor_rollout_ref.rollout.n),
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
                 config=algo,
             )
@@ -479,7 +478,7 @@ class RayPPOTrainer(TrainerDataMixin, WorkerGroupsMixin, CheckpointMixin, Valida
 
         if self.metric_history:
             path = os.path.join(self._checkpoint_root(), PLOT_FILE)
-            title = f"{self.config.trainer.project_name} / {self.config.trainer.experiment_name}"
+            title = f"{self.typed_config.trainer.project_name} / {self.typed_config.trainer.experiment_name}"
             if plot_training_curves(self.metric_history, path, title=title):
                 print(f"Training curves: {path}")
         if self.logger is not None:

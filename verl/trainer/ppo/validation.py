@@ -23,8 +23,8 @@ __all__ = ["ValidationMixin"]
 class ValidationMixin:
     def _validate(self) -> dict[str, float]:
         """Greedy (``rollout.val_kwargs``) generation over the validation set, scored by ``val_reward_fn``."""
-        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
-        n_val = int(val_kwargs.get("n", 1))
+        val_kwargs = self.typed_config.actor_rollout_ref.rollout.val_kwargs
+        n_val = int(val_kwargs.n)
         inputs, outputs, scores, data_sources = [], [], [], []
         extra_infos: dict[str, list] = {"reward": []}
         for test_data in self.val_dataloader:
@@ -36,7 +36,7 @@ class ValidationMixin:
                 "eos_token_id": self.tokenizer.eos_token_id,
                 "pad_token_id": self.tokenizer.pad_token_id,
                 "recompute_log_prob": False,
-                "do_sample": bool(val_kwargs.get("do_sample", False)),
+                "do_sample": bool(val_kwargs.do_sample),
                 "validate": True,
             })
             output = self._generate(gen_batch)
@@ -53,7 +53,7 @@ class ValidationMixin:
             data_sources.append(test_batch.non_tensor_batch.get("data_source", np.array(["unknown"] * len(batch_scores), dtype=object)))
 
         self._maybe_log_val_generations(inputs, outputs, scores)
-        val_dir = self.config.trainer.get("validation_data_dir", None)
+        val_dir = self.typed_config.trainer.validation_data_dir
         if val_dir:
             dump_generations(inputs, outputs, scores, extra_infos, val_dir, self.global_steps)
         extra_infos = {k: v for k, v in extra_infos.items() if len(v) == len(scores)}
@@ -64,16 +64,18 @@ class ValidationMixin:
         return [self.tokenizer.decode(row, skip_special_tokens=True) for row in ids]
 
     def _maybe_log_val_generations(self, inputs, outputs, scores) -> None:
-        n = int(self.config.trainer.get("log_val_generations", 0) or 0)
+        n = int(self.typed_config.trainer.log_val_generations or 0)
         if n <= 0 or self.logger is None:
             return
         samples = sorted(zip(inputs, outputs, scores), key=lambda x: x[0])
         np.random.RandomState(42).shuffle(samples)
-        self.validation_generations_logger.log(list(self.config.trainer.logger), samples[:n], self.global_steps,
+        loggers = self.typed_config.trainer.logger
+        loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+        self.validation_generations_logger.log(loggers, samples[:n], self.global_steps,
                                                tracker=self.logger)
 
     def _maybe_dump_rollouts(self, batch: DataProto, timing_raw: dict) -> None:
-        path = self.config.trainer.get("rollout_data_dir", None)
+        path = self.typed_config.trainer.rollout_data_dir
         if not path:
             return
         with marked_timer("dump_rollout_generations", timing_raw):

@@ -4,10 +4,12 @@ resource pools, one colocated Ray worker group per pool, and the order the model
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from verl.single_controller.ray import RayClassWithInitArgs, create_colocated_worker_cls
 from verl.trainer.ppo.utils import Role
+from verl.workers.config.roles import actor_rollout_ref_sections, critic_sections, reward_model_sections
 
 __all__ = ["WorkerGroupsMixin"]
 
@@ -18,15 +20,24 @@ class WorkerGroupsMixin:
     ``ref_in_actor`` flags on the trainer."""
 
     def _worker_specs(self) -> list[tuple[Role, str, dict]]:
-        """(role, worker-group name, init kwargs) of every worker group this trainer runs."""
-        specs = [(Role.ActorRollout, "actor_rollout", dict(config=self.config.actor_rollout_ref, role="actor_rollout"))]
+        """(role, worker-group name, init kwargs) of every worker group this trainer runs: each gets its config
+        section as given (``config``) and the typed sections it reads, built here once (``typed``)."""
+        arr = self._actor_rollout_ref_sections()
+        specs = [(Role.ActorRollout, "actor_rollout",
+                  dict(config=self.config.actor_rollout_ref, role="actor_rollout", typed=arr))]
         if self.use_critic:
-            specs.append((Role.Critic, "critic", dict(config=self.config.critic)))
+            critic = critic_sections(self.config.critic, self.total_training_steps)
+            specs.append((Role.Critic, "critic", dict(config=self.config.critic, typed=critic)))
         if self.use_reference_policy and not self.ref_in_actor:
-            specs.append((Role.RefPolicy, "ref", dict(config=self.config.actor_rollout_ref, role="ref")))
+            specs.append((Role.RefPolicy, "ref", dict(config=self.config.actor_rollout_ref, role="ref", typed=arr)))
         if self.use_rm:
-            specs.append((Role.RewardModel, "rm", dict(config=self.config.reward_model)))
+            rm = reward_model_sections(self.config.reward_model)
+            specs.append((Role.RewardModel, "rm", dict(config=self.config.reward_model, typed=rm)))
         return specs
+
+    def _actor_rollout_ref_sections(self):
+        """``actor_rollout_ref`` typed for its workers; the actor's LR schedule spans ``total_training_steps``."""
+        return actor_rollout_ref_sections(self.config.actor_rollout_ref, self.total_training_steps)
 
     def _spawn_worker_groups(self, specs: list[tuple[Role, str, dict]]) -> dict[str, Any]:
         """Create the resource pools and one colocated worker group per pool for ``specs``; by name."""
@@ -34,9 +45,9 @@ class WorkerGroupsMixin:
         pool_to_classes: dict[Any, dict[str, RayClassWithInitArgs]] = {}
         for which, name, init_kwargs in specs:
             pool = self.resource_pool_manager.get_resource_pool(which)
-            pool_to_classes.setdefault(pool, {})[name] = RayClassWithInitArgs(cls=self.role_worker_mapping[which],
-                                                                              **init_kwargs)
-        timeout = int(self.config.trainer.get("ray_wait_register_center_timeout", 300))
+            cls = self.role_worker_mapping[which]
+            pool_to_classes.setdefault(pool, {})[name] = RayClassWithInitArgs(cls=cls, **_accepted(cls, init_kwargs))
+        timeout = int(self.typed_config.trainer.ray_wait_register_center_timeout)
         all_wg: dict[str, Any] = {}
         self.wg_dicts = []
         for pool, class_dict in pool_to_classes.items():
@@ -67,3 +78,12 @@ class WorkerGroupsMixin:
         if self.ref_in_actor and self.use_reference_policy:
             self.ref_policy_wg = self.actor_rollout_wg
 
+
+
+def _accepted(cls, init_kwargs: dict) -> dict:
+    """``init_kwargs`` without ``typed`` when the worker class takes neither it nor ``**kwargs`` (a worker written
+    for verl's signature ``(config, role)`` builds its typed sections itself)."""
+    params = inspect.signature(getattr(cls, "__ray_actor_class__", cls).__init__).parameters
+    if "typed" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return init_kwargs
+    return {k: v for k, v in init_kwargs.items() if k != "typed"}

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from verl.single_controller.ray.base import ResourcePoolManager
-from verl.trainer.config_schema.ppo import TrainerConfig
+from verl.trainer.config_schema.ppo import RecipeTrainerConfig, TrainerConfig
 from verl.trainer.config_schema.rollout import RolloutConfig
 from verl.trainer.config_schema.spec import build
 from verl.trainer.host_defaults import (explicit_override_keys, foreground_ray_workers, resolve_rollout_tp,
@@ -36,10 +36,12 @@ from verl.trainer.ppo.checkpoint import find_latest_ckpt_path, mark_latest, step
 from verl.trainer.ppo.utils import Role
 from verl.trainer.preference.dataset import PreferenceDataError, PreferenceDataset
 from verl.trainer.preference.pairs import pair_train_spec
-from verl.utils.config import ConfigError, quiet_searchpath_warning  # noqa: F401 (recipes import it from here)
+from verl.utils.config import ConfigError, omega_conf_to_dataclass, quiet_searchpath_warning  # noqa: F401
 from verl.utils.device import resolve_device
 from verl.utils.model import check_model_dir
 from verl.utils.tracking import Tracking
+from verl.workers.config.data import PreferenceDataConfig, as_data_config
+from verl.workers.config.model import HFModelConfig
 from verl.workers.rollout.layout import check_rollout_parallel
 from verl.workers.worker_utils import load_tokenizer
 
@@ -67,7 +69,7 @@ class RecipeDriver:
     def __init__(self, config: DictConfig):
         self.config = config
         # ``trainer``, typed once: the loop, checkpoint and placement settings the driver reads
-        self.trainer_config: TrainerConfig = build(TrainerConfig, config.trainer)
+        self.trainer_config: RecipeTrainerConfig = build(RecipeTrainerConfig, config.trainer)
         _rollout_layout_defaults(config, self.trainer_config)  # before any worker starts, however it was reached
         self.global_steps = 0
         self.groups: dict[str, RayWorkerGroup] = {}
@@ -123,10 +125,11 @@ class RecipeDriver:
             raise ConfigError(f"{e} (data.train_batch_size, {micro_key}, use_dynamic_bsz)") from None
         self.spec = dataclasses.replace(self.spec, grad_norm_key=grad_norm_key)
         self.tokenizer = tokenizer
-        self.seed = int(tr.get("seed", 0) or 0)
-        self.train = dataset_cls(data.train_files, tokenizer, data, int(data.get("train_max_samples", -1)))
-        self.val = (dataset_cls(data.val_files, tokenizer, data, int(data.get("val_max_samples", -1)))
-                    if data.get("val_files") else None)
+        self.seed = int(self.trainer_config.seed or 0)
+        typed = as_data_config(data, PreferenceDataConfig)
+        self.train = dataset_cls(data.train_files, tokenizer, data, int(typed.train_max_samples))
+        self.val = (dataset_cls(data.val_files, tokenizer, data, int(typed.val_max_samples))
+                    if typed.val_files else None)
         batch_indices(len(self.train), self.batch_size, self.seed, 0)  # a batch larger than the data fails here
 
     def next_pairs(self) -> tuple[DataProto, list[int]]:
@@ -248,10 +251,10 @@ def make_recipe_driver(config: DictConfig, driver_cls):
     makes before it starts anything. A config, data or path problem raises :class:`ConfigError` with a message
     that names the key, file or value; nothing is started or written. ``--check-config`` runs exactly this."""
     OmegaConf.resolve(config)
-    model = config.actor_rollout_ref.model
     try:
-        path = check_model_dir(str(model.get("tokenizer_path") or model.path))
-        tokenizer = load_tokenizer(path, bool(model.get("trust_remote_code", False)))
+        model = omega_conf_to_dataclass(config.actor_rollout_ref.model, HFModelConfig)
+        path = check_model_dir(str(model.tokenizer_path or model.path))
+        tokenizer = load_tokenizer(path, bool(model.trust_remote_code))
         return driver_cls(config, tokenizer)
     except ConfigError:
         raise

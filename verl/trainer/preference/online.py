@@ -30,9 +30,10 @@ from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.driver import RecipeDriver
 from verl.trainer.preference.losses import sppo_loss
 from verl.trainer.preference.pairs import REF_KEY, interleave_pairs, sequence_logps
-from verl.trainer.preference.prompt_sampling import (PromptSource, greedy_validation, sample_responses,
+from verl.trainer.preference.prompt_sampling import (prompt_sources, greedy_validation, sample_responses,
                                                     sequence_scores)
 from verl.utils.config import ConfigError
+from verl.workers.config.roles import typed_section
 from verl.workers.engine import MicroBatchSpec, TrainSpec
 from verl.workers.preference_worker import PreferenceWorker
 
@@ -140,7 +141,7 @@ def check_sampling(config: DictConfig, min_n: int) -> int:
     if n < min_n:
         raise ConfigError(f"actor_rollout_ref.rollout.n={n}: this recipe compares samples of the same prompt; "
                           f"sample at least {min_n} per prompt")
-    if n > 1 and not bool(rollout.get("do_sample", True)):
+    if n > 1 and not typed_section(rollout, "actor_rollout_ref.rollout").do_sample:
         raise ConfigError(f"actor_rollout_ref.rollout.do_sample=false gives {n} identical greedy samples per "
                           "prompt; set it to true")
     return n
@@ -156,10 +157,10 @@ class OnlinePreferenceDriver(RecipeDriver):
     def __init__(self, config: DictConfig, tokenizer):
         super().__init__(config)
         self.tokenizer = tokenizer
-        self.seed = int(config.trainer.get("seed", 0) or 0)
+        self.seed = int(self.trainer_config.seed or 0)
         self.world = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
         self.micro = check_positive_int(config[self.section], "micro_batch_size_per_gpu", self.section)
-        if bool(config.actor_rollout_ref.actor.get("use_dynamic_bsz", False)):
+        if typed_section(config.actor_rollout_ref.actor, "actor_rollout_ref.actor").use_dynamic_bsz:
             raise ConfigError("actor_rollout_ref.actor.use_dynamic_bsz=true packs rows by token count; this recipe "
                               f"uses fixed micro-batches of {self.section}.micro_batch_size_per_gpu {self.micro_unit}"
                               "; set it to false")
@@ -176,7 +177,7 @@ class OnlinePreferenceDriver(RecipeDriver):
         if freq == 0 or str(raw).strip() not in (str(freq), f"{freq}.0"):
             raise ConfigError(f"trainer.ref_update_freq={raw!r}: set -1 (the initial model stays the reference) or "
                               "an integer k >= 1 (the reference is refreshed from the policy every k steps)")
-        lora = int(config.actor_rollout_ref.model.get("lora_rank", 0) or 0)
+        lora = int(typed_section(config.actor_rollout_ref.model, "actor_rollout_ref.model").lora_rank or 0)
         if freq > 1 and lora > 0:
             raise ConfigError(f"trainer.ref_update_freq={freq} with actor_rollout_ref.model.lora_rank={lora}: a LoRA "
                               "policy's reference is its base model (adapters off) and cannot be refreshed; use "
@@ -185,11 +186,7 @@ class OnlinePreferenceDriver(RecipeDriver):
 
     def load_prompts(self) -> None:
         """``data.train_files`` / ``data.val_files`` as RL prompts (verl's parquet schema) and the reward."""
-        data = self.config.data
-        self.prompts = PromptSource(data.train_files, self.tokenizer, data, data.train_batch_size, self.seed,
-                                    int(data.get("train_max_samples", -1)))
-        self.val = (PromptSource(data.val_files, self.tokenizer, data, 1, self.seed, int(data.get("val_max_samples", -1)))
-                    if data.get("val_files") else None)
+        self.prompts, self.val = prompt_sources(self.config.data, self.tokenizer, self.seed)
         self.reward_fn = load_reward_manager(self.config, self.tokenizer, num_examine=0)
 
     def init_workers(self) -> None:

@@ -21,6 +21,7 @@ from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.preference.driver import batch_indices
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
 from verl.utils.padding import response_attention_mask
+from verl.workers.config.data import as_data_config
 
 __all__ = ["PromptSource", "sample_responses", "sequence_scores"]
 
@@ -43,6 +44,17 @@ class PromptSource:
 
     def batch(self, step: int) -> DataProto:
         return self.rows(batch_indices(len(self.dataset), self.batch_size, self.seed, step))
+
+
+def prompt_sources(data_cfg, tokenizer, seed: int) -> tuple[PromptSource, PromptSource | None]:
+    """``data.train_files`` in batches of ``data.train_batch_size`` prompts and ``data.val_files`` one prompt at a
+    time (None when unset), each capped at ``data.train_max_samples`` / ``data.val_max_samples``."""
+    typed = as_data_config(data_cfg)
+    train = PromptSource(typed.train_files, tokenizer, data_cfg, typed.train_batch_size, seed,
+                         int(typed.train_max_samples))
+    val = (PromptSource(typed.val_files, tokenizer, data_cfg, 1, seed, int(typed.val_max_samples))
+           if typed.val_files else None)
+    return train, val
 
 
 def sample_responses(group, prompts: DataProto, **meta) -> DataProto:

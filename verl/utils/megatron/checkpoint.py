@@ -40,6 +40,10 @@ def _contents(cfg, key: str) -> set:
     return set(value if value is not None else default)
 
 
+def _model_key(chunk: int, num_chunks: int) -> str:
+    return "model" if num_chunks == 1 else f"model{chunk}"
+
+
 def _local_optimizer(optimizer):
     """The optimizer holding this rank's state (ZeroRedundancyOptimizer keeps a local one)."""
     return getattr(optimizer, "optim", optimizer)
@@ -59,26 +63,30 @@ class MegatronCheckpointer:
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
-        model = self.engine.module
-        model_sd = model.sharded_state_dict()
-        state = {"model": model_sd}
+        # the sharded tensors' keys are global (layer numbers included), so the nesting below is this process's
+        # own: one "model" entry, or "model<v>" per model chunk with virtual pipeline stages
+        chunks = self.engine.chunks
+        state = {}
         opt = _local_optimizer(self.engine.optimizer)
         zero = opt is not self.engine.optimizer
         owned = {id(p) for g in opt.param_groups for p in g["params"]}
         optim_sd = {}
-        for name, param in model.named_parameters():
-            if id(param) not in owned or name not in model_sd:
-                continue
-            st = opt.state.get(param)
-            if for_load and not st:
-                st = opt.state[param] = {m: torch.zeros_like(param) for m in _MOMENTS}
-            if not st:
-                continue
-            for m in _MOMENTS:
-                sh = make_sharded_optimizer_tensor(model_sd[name], st[m], f"optimizer.state.{m}")
-                if zero and hasattr(sh, "replica_id") and isinstance(sh.replica_id, tuple):
-                    sh.replica_id = (*sh.replica_id[:-1], 0)  # the rank owning the state is its only copy
-                optim_sd[f"{m}.{name}"] = sh
+        for v, model in enumerate(chunks):
+            model_sd = model.sharded_state_dict()
+            state[_model_key(v, len(chunks))] = model_sd
+            for name, param in model.named_parameters():
+                if id(param) not in owned or name not in model_sd:
+                    continue
+                st = opt.state.get(param)
+                if for_load and not st:
+                    st = opt.state[param] = {m: torch.zeros_like(param) for m in _MOMENTS}
+                if not st:
+                    continue
+                for m in _MOMENTS:
+                    sh = make_sharded_optimizer_tensor(model_sd[name], st[m], f"optimizer.state.{m}")
+                    if zero and hasattr(sh, "replica_id") and isinstance(sh.replica_id, tuple):
+                        sh.replica_id = (*sh.replica_id[:-1], 0)  # the rank owning the state is its only copy
+                    optim_sd[f"{m}.{v}.{name}"] = sh
         if for_load and "optimizer" not in self.load_contents:
             optim_sd = {}
         if optim_sd:
@@ -133,14 +141,16 @@ class MegatronCheckpointer:
                                     f"written by a Megatron engine (global_step_N/actor or .../critic)")
         state = self._sharded_state(for_load=True)
         loaded = dist_checkpointing.load(state, ckpt_dir)
-        self.engine.module.load_state_dict(loaded["model"], strict=False)
+        chunks = self.engine.chunks
+        for v, chunk in enumerate(chunks):
+            chunk.load_state_dict(loaded[_model_key(v, len(chunks))], strict=False)
         if "optimizer" in loaded and "optimizer" in self.load_contents:
             extra = torch.load(os.path.join(local_path, EXTRA), weights_only=False)
             opt = _local_optimizer(self.engine.optimizer)
-            params = dict(self.engine.module.named_parameters())
+            params = [dict(c.named_parameters()) for c in chunks]
             for key, value in loaded["optimizer"].items():
-                moment, name = key.split(".", 1)
-                opt.state[params[name]][moment].copy_(value)
+                moment, v, name = key.split(".", 2)
+                opt.state[params[int(v)][name]][moment].copy_(value)
             for st in opt.state.values():
                 st["step"] = torch.tensor(float(extra["optimizer_step"]))
         if "extra" in self.load_contents and self.engine.lr_scheduler is not None:

@@ -23,10 +23,12 @@ from verl.utils.chunked_head import DEFAULT_CHUNK_SIZE
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import copy_to_local
 from verl.utils.torch_functional import ENTROPY_CHUNK_ROWS
-from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, config_class_for
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
+from verl.workers.config.roles import typed_section
 
 __all__ = ["EngineConfig", "plain", "typed_section", "actor_engine_config", "ref_engine_config",
-           "critic_engine_config", "reward_engine_config", "sft_engine_config", "MODEL_KINDS"]
+           "critic_engine_config", "reward_engine_config", "sft_engine_config", "training_worker_engine_config",
+           "MODEL_KINDS"]
 
 MODEL_KINDS = ("causal_lm", "value", "reward")
 AR = "actor_rollout_ref"
@@ -37,16 +39,6 @@ def plain(value: Any) -> Any:
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value
-
-
-def typed_section(node: Any, path: str) -> Any:
-    """``node`` (a Hydra/dict section, or None for all defaults) as the typed class of its place ``path`` in the
-    PPO config (``verl.workers.config.config_class_for``: ``actor_rollout_ref.actor`` -> ``FSDPActorConfig`` /
-    ``McoreActorConfig`` by its strategy, ``critic``, ``reward_model``, ``actor_rollout_ref.model`` ...). An object
-    that is already typed is returned as it is."""
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return node
-    return omega_conf_to_dataclass(node, config_class_for(path, node))
 
 
 def _sub(group: Any, name: str) -> Any:
@@ -226,7 +218,8 @@ def reward_engine_config(rm_cfg: Any) -> EngineConfig:
                         model_path=local_model_path(model), override_config=dict(model.override_config),
                         trust_remote_code=bool(model.trust_remote_code), fsdp=sharding, model_dtype=model_dtype,
                         seed=int(fsdp.seed if fsdp.seed is not None else 42),
-                        param_offload=bool(fsdp.param_offload))
+                        param_offload=bool(fsdp.param_offload),
+                        megatron=_megatron(rm) if rm.strategy == "megatron" else {})
 
 
 def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) -> EngineConfig:
@@ -253,4 +246,24 @@ def sft_engine_config(sft_cfg: Any, model_path: str, total_training_steps: int) 
                                   lr_scheduler_type=str(optim.lr_scheduler)),
         total_training_steps=int(total_training_steps), grad_clip=float(optim.clip_grad),
         checkpoint=omega_conf_to_dataclass(trainer.checkpoint, CheckpointConfig), seed=int(trainer.seed),
+    )
+
+
+def training_worker_engine_config(worker: Any, total_training_steps: int,
+                                  ulysses_sequence_parallel_size: int = 1) -> EngineConfig:
+    """The trainable model of verl's ``TrainingWorkerConfig`` (``verl.workers.config``): its typed
+    ``model_config`` (``HFModelConfig``), ``engine_config`` (``FSDPEngineConfig``), ``optimizer_config`` and
+    ``checkpoint_config``, as verl 0.7's ``sft_trainer_engine.yaml`` gives them (``model.*``, ``engine.*``,
+    ``optim.*``, ``checkpoint.*``). The engine section's Ulysses size is passed on its own: a PPO role's
+    fsdp_config refuses it, the SFT trainer runs it."""
+    model, fsdp, optim = worker.model_config, worker.engine_config, worker.optimizer_config
+    return EngineConfig(
+        name="sft", strategy=fsdp.strategy, model_kind="causal_lm",
+        enable_gradient_checkpointing=model.enable_gradient_checkpointing, use_remove_padding=model.use_remove_padding,
+        lora_rank=model.lora_rank, lora_alpha=float(model.lora_alpha), target_modules=model.target_modules,
+        exclude_modules=model.exclude_modules, lora_adapter_path=model.lora_adapter_path,
+        optim=optim, total_training_steps=int(total_training_steps), grad_clip=float(optim.clip_grad),
+        checkpoint=worker.checkpoint_config, ulysses_sequence_parallel_size=int(ulysses_sequence_parallel_size),
+        fused_chunk_size=_fused_chunk_size(model.use_fused_kernels), use_torch_compile=fsdp.use_torch_compile,
+        **_weights(model, fsdp),
     )

@@ -1,10 +1,21 @@
 """The Megatron training engine: a megatron-core ``GPTModel`` with tensor, sequence and pipeline parallelism.
 
 ``MegatronEngine.build(EngineConfig, ...)`` (``strategy=megatron``) reads ``<role>.megatron.*``:
-``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``sequence_parallel`` (forced off at TP=1),
-``use_distributed_optimizer``, ``seed``, ``dtype``; the offload keys are no-ops on CPU (the weights already live
-in host memory). Keys megatron-core cannot honour here (virtual pipeline stages, context / expert parallelism)
-are refused naming the key.
+``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``virtual_pipeline_model_parallel_size``,
+``sequence_parallel`` (forced off at TP=1), ``use_distributed_optimizer``, ``seed``, ``dtype``,
+``use_dist_checkpointing`` / ``dist_checkpointing_path`` / ``dist_checkpointing_prefix`` (initial weights from a
+Megatron distributed checkpoint instead of ``model.path``'s HF weights: :mod:`verl.models.mcore.dist_ckpt`); the
+offload keys are no-ops on CPU (the weights already live
+in host memory). Keys megatron-core cannot honour here (context parallelism; expert parallelism for a dense
+model) are refused naming the key.
+
+Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE; see ``verl.models.mcore.experts``): megatron-core's MoE layer
+with ``expert_model_parallel_size`` (EP) expert groups, each expert cut over ``expert_tensor_parallel_size`` ranks
+(default: the TP size); tokens reach their experts by all-to-all (or all-gather, ``moe_token_dispatcher_type``).
+Expert gradients are averaged over the ranks holding the same experts (megatron's expert data-parallel group),
+the gradient norm adds the experts over the expert-parallel ranks; with EP > 1 the optimizer state is not sharded
+(ZeRO's broadcast would overwrite the experts other data-parallel ranks hold). Their weights go to the rollout as
+full per-expert HF tensors (``mlp.experts.<e>.*_proj.weight``).
 
 How a micro-batch runs: each row is shifted so its valid tokens start at column 0 (left-padded prompts and
 right-padded responses are contiguous), which makes rotary positions equal the HF ``position_ids`` and the
@@ -16,7 +27,11 @@ states and the logits are formed a chunk of tokens at a time (recomputed in back
 
 Pipeline parallel: each micro-batch goes forward stage by stage (activations sent point-to-point to the next
 stage), the last stage computes the outputs and the loss, and gradients travel back the same way
-(:meth:`forward_backward`). Outputs exist only on the last stage; the workers collect results from it.
+(:meth:`forward_backward`). Outputs exist only on the last stage; the workers collect results from it. With
+virtual pipeline stages each rank holds ``vpp`` model chunks (chunk ``v`` of rank ``r`` is virtual stage
+``v * pp + r``, megatron's interleaved assignment) and the activations go round the ring of ranks ``vpp`` times:
+rank 0 chunk 0, rank 1 chunk 0, ..., rank 0 chunk 1, ...; one micro-batch at a time (the order of the
+computation, not megatron's overlapped interleaved schedule).
 
 Gradients: averaged over the data-parallel group, summed over tensor ranks for sequence-parallel norms,
 summed between the tied embedding copies of the first and last stage; the gradient norm counts each
@@ -35,10 +50,13 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from transformers import AutoConfig
 
-from verl.models.mcore.model import ParallelLayout, build_gpt_model, iter_hf_params, iter_hf_tp_shards, load_hf_weights
+from verl.models.mcore.dist_ckpt import load_dist_weights
+from verl.models.mcore.model import (ParallelLayout, as_chunks, build_model_chunks, iter_hf_params, iter_hf_tp_shards,
+                                     load_hf_weights)
 from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, megatron_settings,
                                        optimizer_overrides, transformer_overrides)
 from verl.utils.device import get_device_name
@@ -71,7 +89,10 @@ class MegatronEngine(TrainEngine):
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
-        self.module = model
+        # the rank's model chunks in virtual-stage order (one without virtual pipeline stages); ``module`` is the
+        # model (a ModuleList of the chunks with virtual stages) for parameters(), train() and the like
+        self.chunks = as_chunks(model)
+        self.module = self.chunks[0] if len(self.chunks) == 1 else nn.ModuleList(self.chunks)
         self.hf_config = hf_config
         self.value_head = value_head
         self.optimizer = optimizer
@@ -85,12 +106,17 @@ class MegatronEngine(TrainEngine):
         # model.use_fused_kernels: log-probs from the last hidden states in chunks of tokens (0: from full logits)
         self.fused_chunk_size = 0 if value_head else int(fused_chunk_size)
         self._head_weight = None  # the output layer's weight seen by the last forward with hidden-state output
-        self.layout = ParallelLayout()
+        self.layout = ParallelLayout(len(self.chunks))
         self.dp_group = ps.get_data_parallel_group()
         self._dp_size = ps.get_data_parallel_world_size()
         self._embedding_group = ps.get_embedding_group() if self.layout.pp > 1 else None
         self._model_parallel_group = ps.get_model_parallel_group()
+        # mixture-of-experts models: expert gradients are averaged over the expert data-parallel group (the ranks
+        # holding the same experts), and the gradient norm sums them over the expert model-parallel group
+        self._expert_dp_group = ps.get_expert_data_parallel_group()
+        self._expert_mp_group = ps.get_expert_tensor_model_pipeline_parallel_group()
         self._checkpointer = None
+        self._has_experts = any(getattr(p, "is_expert", False) for p in self.module.parameters())
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -102,16 +128,20 @@ class MegatronEngine(TrainEngine):
         if config.lora_rank > 0:
             raise ValueError(f"{config.name}: LoRA (model.lora_rank={config.lora_rank}) is not available with "
                              "strategy=megatron; use strategy=fsdp for LoRA")
-        if config.model_kind == "reward":
-            raise ValueError("reward_model.strategy=megatron is not available (sequence-classification heads); "
-                             "use reward_model.strategy=fsdp or a rule-based reward")
-        init_model_parallel(s["tp"], s["pp"], s["seed"], owner=config.name)
+        init_model_parallel(s["tp"], s["pp"], s["seed"], owner=config.name, ep=s["ep"], etp=s["etp"])
         dtype = MEGATRON_DTYPES[str(s["dtype"] or config.model_dtype)]
-        value_head = config.model_kind == "value"
-        model = build_gpt_model(hf_config, value_head=value_head, sequence_parallel=s["sequence_parallel"],
-                                dtype=dtype, use_cpu_initialization=on_cpu,
-                                overrides=transformer_overrides(config.megatron, f"{config.name}.megatron", on_cpu))
-        load_hf_weights(model, config.model_path, hf_config, value_head)
+        # a critic's value head and a reward model's score head: the same replicated scalar head (score.weight, one
+        # label as the FSDP engine loads a reward model; a checkpoint without it starts at zero)
+        value_head = config.model_kind in ("value", "reward")
+        model = build_model_chunks(hf_config, vpp=s["vpp"], value_head=value_head,
+                                   sequence_parallel=s["sequence_parallel"], dtype=dtype, use_cpu_initialization=on_cpu,
+                                   overrides=transformer_overrides(config.megatron, f"{config.name}.megatron", on_cpu))
+        if s["dist_ckpt"]:  # use_dist_checkpointing: tokenizer and HF config still come from model.path
+            load_dist_weights(model, s["dist_ckpt"], hf_config, value_head, prefix=s["dist_ckpt_prefix"],
+                              key=f"{config.name}.megatron.dist_checkpointing_path")
+        else:
+            load_hf_weights(model, config.model_path, hf_config, value_head)
+        model = model[0] if len(model) == 1 else nn.ModuleList(model)
         trainable = config.optim is not None
         optimizer = scheduler = None
         if not trainable:
@@ -123,7 +153,10 @@ class MegatronEngine(TrainEngine):
             params = [p for p in model.parameters() if p.requires_grad]
             torch_kwargs = optimizer_overrides(dict(config.optim.override_optimizer_config or {}),
                                                f"{config.name}.optim.override_optimizer_config", on_cpu)
-            if s["use_distributed_optimizer"] and ps.get_data_parallel_world_size() > 1:
+            # experts split over expert-parallel ranks differ between data-parallel ranks: ZeRO over the data-parallel
+            # group (which broadcasts each shard's update to the whole group) would overwrite them
+            experts_apart = ps.get_expert_data_parallel_world_size() != ps.get_data_parallel_world_size()
+            if s["use_distributed_optimizer"] and ps.get_data_parallel_world_size() > 1 and not experts_apart:
                 plain = build_optimizer(params, config.optim, torch_kwargs)  # the class and arguments the config names
                 accepted = inspect.signature(type(plain).__init__).parameters
                 kwargs = {k: v for k, v in plain.defaults.items() if k in accepted and k != "params"}
@@ -181,6 +214,14 @@ class MegatronEngine(TrainEngine):
         out = per_pos.gather(1, idx.clamp(0, per_pos.shape[1] - 1))
         return torch.where(ok, out, torch.zeros_like(out))
 
+    def _to_columns(self, per_pos: torch.Tensor, micro, starts, lengths) -> torch.Tensor:
+        """(B, L) values at aligned positions -> (B, T): back at the columns of ``input_ids``, zeros on padding."""
+        t = micro["input_ids"].shape[1]
+        idx = torch.arange(t, device=per_pos.device).unsqueeze(0) - starts.unsqueeze(1)
+        ok = (idx >= 0) & (idx < lengths.unsqueeze(1)) & (idx < per_pos.shape[1])
+        out = per_pos.gather(1, idx.clamp(0, per_pos.shape[1] - 1))
+        return torch.where(ok, out, torch.zeros_like(out))
+
     def _fused(self, outputs) -> bool:
         """Whether this forward's last stage returns hidden states for the chunked log-prob head."""
         return bool(self.fused_chunk_size) and self.layout.last and ("log_probs" in outputs or "entropy" in outputs)
@@ -198,7 +239,7 @@ class MegatronEngine(TrainEngine):
         from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
                                                    gather_from_sequence_parallel_region)
 
-        head = self.module.output_layer
+        head = self.chunks[-1].output_layer
 
         def forward(input_, weight=None, runtime_gather_output=None):
             self._head_weight = head.weight if weight is None else weight
@@ -212,27 +253,62 @@ class MegatronEngine(TrainEngine):
         finally:
             del head.forward  # back to the class's forward
 
-    def _run_stage(self, aligned: torch.Tensor, need_grad: bool, hidden_output: bool = False):
-        """Forward this stage: receive the previous stage's activations (pipeline), run the model (its last hidden
-        states instead of logits with ``hidden_output``). Returns (output, received input tensor or None)."""
+    def _run_chunk(self, chunk: int, aligned: torch.Tensor, need_grad: bool, hidden_output: bool = False):
+        """Forward model chunk ``chunk`` of this rank: receive its input activations from the previous stage of the
+        pipeline (unless it holds the embedding), run it (its last hidden states instead of logits with
+        ``hidden_output``). Returns (output, received input tensor or None)."""
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
+        model = self.chunks[chunk]
         b, width = aligned.shape
         positions = torch.arange(width, device=aligned.device).unsqueeze(0).expand(b, -1)
         recv = None
-        if not self.layout.first:
+        if not self.layout.has_input(chunk):
+            # the previous rank in the pipeline ring: for chunk v > 0 of the first rank, the last rank's chunk v - 1
             seq = width // self.layout.tp if self.sequence_parallel else width
-            recv = torch.empty(seq, b, self.hf_config.hidden_size, dtype=next(self.module.parameters()).dtype,
+            recv = torch.empty(seq, b, self.hf_config.hidden_size, dtype=next(model.parameters()).dtype,
                                device=aligned.device)
             dist.recv(recv, src=ps.get_pipeline_model_parallel_prev_rank())
             recv.requires_grad_(need_grad)
-            self.module.set_input_tensor(recv)
+            model.set_input_tensor(recv)
         # True = masked (megatron's convention); passed explicitly, megatron's default mask is built on CUDA
         causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=aligned.device), diagonal=1)
-        with self._hidden_state_output(hidden_output):
-            out = self.module(input_ids=aligned, position_ids=positions, attention_mask=causal[None, None])
+        with self._hidden_state_output(hidden_output and self.layout.has_output(chunk)):
+            out = model(input_ids=aligned, position_ids=positions, attention_mask=causal[None, None])
         return out, recv
+
+    def _forward_chunks(self, aligned: torch.Tensor, need_grad: bool, hidden_output: bool = False):
+        """Run the micro-batch through this rank's model chunks in virtual-stage order, each chunk's output sent to
+        the next stage of the pipeline ring (megatron's interleaved order: rank 0 chunk 0, rank 1 chunk 0, ...,
+        rank 0 chunk 1, ...). Returns the model's output on the rank holding the output layer (else None) and
+        each chunk's (input, output) for :meth:`_backward_chunks`."""
+        trace = []
+        for v in range(len(self.chunks)):
+            out, recv = self._run_chunk(v, aligned, need_grad, hidden_output)
+            if not self.layout.has_output(v):
+                self._send_next(out)
+            trace.append((recv, out))
+        final = trace[-1][1] if self.layout.has_output(len(self.chunks) - 1) else None
+        return final, trace
+
+    def _backward_chunks(self, trace, loss: torch.Tensor | None) -> None:
+        """The backward of :meth:`_forward_chunks` in reverse order: the output chunk starts from ``loss``, the
+        others from the gradient their output's consumer sends back; each sends its input's gradient to the
+        stage it came from."""
+        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+        from megatron.core import parallel_state as ps
+
+        for v in reversed(range(len(self.chunks))):
+            recv, out = trace[v]
+            if self.layout.has_output(v):
+                loss.backward()
+            else:
+                grad = torch.empty_like(out)
+                dist.recv(grad, src=ps.get_pipeline_model_parallel_next_rank())
+                torch.autograd.backward(out, grad)
+            if recv is not None:
+                dist.send(recv.grad.contiguous(), dst=ps.get_pipeline_model_parallel_prev_rank())
 
     def _outputs_from(self, out, micro, aligned, starts, lengths, outputs, temperature, entropy_grad) -> dict:
         result = {}
@@ -253,8 +329,8 @@ class MegatronEngine(TrainEngine):
                 result["entropy"] = self._to_response(ent, micro, starts, lengths)
         if "values" in outputs:
             result["values"] = self._to_response(out[..., 0].float(), micro, starts, lengths)
-        if "scores" in outputs:
-            raise ValueError("the Megatron engine has no sequence-classification head (scores)")
+        if "scores" in outputs:  # a reward model's head at every column of input_ids (zeros on padding)
+            result["scores"] = self._to_columns(out[..., 0].float(), micro, starts, lengths)
         if "logits" in outputs:
             raise ValueError("the Megatron engine does not return full logits (vocabulary-parallel); use the FSDP "
                              "engine for a distillation loss over the vocabulary")
@@ -262,11 +338,11 @@ class MegatronEngine(TrainEngine):
 
     def forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
         aligned, starts, lengths = self._aligned(micro)
-        out, _ = self._run_stage(aligned, torch.is_grad_enabled(), self._fused(outputs))
-        if not self.layout.last:
-            self._send_next(out)
-            b, r = micro["responses"].shape
-            return {name: torch.zeros(b, r, device=aligned.device) for name in outputs}  # outputs live on the last stage
+        out, _ = self._forward_chunks(aligned, torch.is_grad_enabled(), self._fused(outputs))
+        if out is None:  # outputs live on the last stage
+            b, r = micro["responses"].shape if "responses" in micro.keys() else (aligned.shape[0], 1)
+            return {name: torch.zeros(micro["input_ids"].shape if name == "scores" else (b, r), device=aligned.device)
+                    for name in outputs}
         return self._outputs_from(out, micro, aligned, starts, lengths, outputs, temperature, entropy_grad)
 
     def _send_next(self, out) -> None:
@@ -278,24 +354,15 @@ class MegatronEngine(TrainEngine):
     def forward_backward(self, micro, loss_fn, spec, ctx, weight):
         if self.layout.pp == 1:
             return super().forward_backward(micro, loss_fn, spec, ctx, weight)
-        # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
-        from megatron.core import parallel_state as ps
-
         aligned, starts, lengths = self._aligned(micro)
-        out, recv = self._run_stage(aligned, True, self._fused(spec.outputs))
-        metrics = {}
-        if self.layout.last:
+        out, trace = self._forward_chunks(aligned, True, self._fused(spec.outputs))
+        metrics, loss = {}, None
+        if out is not None:
             outputs = self._outputs_from(out, micro, aligned, starts, lengths, spec.outputs, spec.temperature,
                                          spec.entropy_grad)
             loss, metrics = loss_fn(outputs, micro, ctx)
-            (loss * weight).backward()
-        else:
-            self._send_next(out)
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=ps.get_pipeline_model_parallel_next_rank())
-            torch.autograd.backward(out, grad)
-        if recv is not None:
-            dist.send(recv.grad.contiguous(), dst=ps.get_pipeline_model_parallel_prev_rank())
+            loss = loss * weight
+        self._backward_chunks(trace, loss)
         return metrics
 
     # ------------------------------------------------------------------ gradients and steps
@@ -314,32 +381,45 @@ class MegatronEngine(TrainEngine):
         for p in self._params():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if self.layout.tp > 1 and self.sequence_parallel:
+        if self.layout.tp > 1:
             for p in self._params():
-                if getattr(p, "sequence_parallel", False):
+                # sequence-parallel norms (each tensor rank saw a slice of the sequence) and per-head query / key
+                # norms (each saw its own heads)
+                if (self.sequence_parallel and getattr(p, "sequence_parallel", False)) or \
+                        getattr(p, "sum_grad_over_tp", False):
                     dist.all_reduce(p.grad, group=self.layout.tp_group)
         if self._embedding_group is not None and self.hf_config.tie_word_embeddings and not self.value_head:
             shared = None
             if self.layout.first:
-                shared = self.module.embedding.word_embeddings.weight
+                shared = self.chunks[0].embedding.word_embeddings.weight
             elif self.layout.last:
-                shared = self.module.output_layer.weight
+                shared = self.chunks[-1].output_layer.weight
             if shared is not None:
                 dist.all_reduce(shared.grad, group=self._embedding_group)
-        if self._dp_size > 1:
-            for p in self._params():
-                dist.all_reduce(p.grad, group=self.dp_group)
+        expert_dp_size = dist.get_world_size(self._expert_dp_group)
+        for p in self._params():
+            # an expert's gradient holds the tokens the dispatcher brought to it from other ranks: summed over the
+            # ranks holding the same expert (megatron's expert data-parallel group), scaled as the others
+            expert = getattr(p, "is_expert", False)
+            if (expert_dp_size if expert else self._dp_size) > 1:
+                dist.all_reduce(p.grad, group=self._expert_dp_group if expert else self.dp_group)
+            if self._dp_size > 1:
                 p.grad.div_(self._dp_size)
 
     def _grad_norm(self) -> float:
         total = torch.zeros(1, dtype=torch.float64, device=self.device)
+        experts = torch.zeros(1, dtype=torch.float64, device=self.device)
         for p in self._params():
-            duplicate = not getattr(p, "tensor_model_parallel", False) and self.layout.tp_rank != 0
+            expert = getattr(p, "is_expert", False)
+            cut_rank = self.layout.etp_rank if expert else self.layout.tp_rank
+            duplicate = not getattr(p, "tensor_model_parallel", False) and cut_rank != 0
             tied_copy = bool(getattr(p, "shared", False)) and not self.layout.first
             if not duplicate and not tied_copy:
-                total += p.grad.detach().double().pow(2).sum()
+                (experts if expert else total).add_(p.grad.detach().double().pow(2).sum())
         dist.all_reduce(total, group=self._model_parallel_group)
-        return float(total.sqrt().item())
+        if self.layout.ep * self.layout.etp > 1 or self.layout.pp > 1:
+            dist.all_reduce(experts, group=self._expert_mp_group)
+        return float((total + experts).sqrt().item())
 
     def optimizer_step(self) -> float:
         self._require_optimizer()
@@ -361,11 +441,13 @@ class MegatronEngine(TrainEngine):
     def iter_full_params(self, stats: dict | None = None,
                          bucket_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         # one parameter at a time whatever bucket_bytes says: each is gathered across its tensor-parallel group
-        yield from iter_hf_params(self.module, self.hf_config, self.value_head, stats)
+        yield from iter_hf_params(self.chunks, self.hf_config, self.value_head, stats)
 
     @property
     def tensor_parallel_size(self) -> int:
-        return self.layout.tp
+        """The tensor-parallel size the rollout weight push matches against its engine's (a mixture-of-experts model
+        reports 1: its weights are pushed as full tensors, see :func:`~verl.models.mcore.model.iter_hf_tp_shards`)."""
+        return 1 if self._has_experts else self.layout.tp
 
     def iter_tp_shards(self, vocab_range: tuple[int, int], stats: dict | None = None
                        ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -373,7 +455,7 @@ class MegatronEngine(TrainEngine):
         size on the same ranks (no gather; see :func:`verl.models.mcore.model.iter_hf_tp_shards`)."""
         if self.value_head:
             raise RuntimeError(f"{self.name}: a value model is never pushed to a rollout engine")
-        yield from iter_hf_tp_shards(self.module, self.hf_config, vocab_range, stats)
+        yield from iter_hf_tp_shards(self.chunks, self.hf_config, vocab_range, stats)
 
     def _checkpoints(self) -> MegatronCheckpointer:
         self._require_optimizer()
