@@ -38,7 +38,7 @@ from verl.protocol import DataProto
 from verl.trainer.preference import (PAIRWISE_LOSSES, REF_KEY, KTOLoss, PairwisePreferenceLoss, kto_metrics,
                                      pairwise_loss, preference_metrics, same_prompt_accuracy)
 from verl.trainer.preference.dataset import PreferenceDataError, PreferenceDataset, UnpairedPreferenceDataset
-from verl.trainer.preference.driver import RecipeDriver
+from verl.trainer.recipe_driver import RecipeDriver
 from verl.utils.config import ConfigError
 from verl.utils.metric import reduce_metrics
 from verl.workers.preference_worker import PreferenceWorker

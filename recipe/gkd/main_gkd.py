@@ -36,7 +36,7 @@ from verl.single_controller.ray.base import ResourcePoolManager
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
-from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
+from verl.trainer.recipe_driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.losses import generalized_jsd, reverse_kl
 from verl.trainer.preference.prompt_sampling import prompt_sources, sample_responses, sequence_scores
 from verl.utils.config import ConfigError

@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
-from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
+from verl.trainer.recipe_driver import quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import (PAIRINGS, OnlinePreferenceDriver, check_sampling, make_pairs,
                                             train_prefixed)
 from verl.trainer.preference.pairs import REF_KEY, PairwisePreferenceLoss

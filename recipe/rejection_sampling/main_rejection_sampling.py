@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
-from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
+from verl.trainer.recipe_driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.prompt_sampling import (prompt_sources, greedy_validation, sample_responses,
                                                     sequence_scores)
 from verl.utils.config import ConfigError

@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from recipe.reward_model.rm_trainer import RewardModelTrainer
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
-from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
+from verl.trainer.recipe_driver import quiet_searchpath_warning, run_recipe
 
 
 def check_command_line(argv: list[str]) -> RewardModelTrainer:

@@ -14,7 +14,7 @@ import os
 from omegaconf import DictConfig
 
 from verl.trainer.preference import BradleyTerryLoss, bradley_terry_loss
-from verl.trainer.preference.driver import RecipeDriver
+from verl.trainer.recipe_driver import RecipeDriver
 from verl.utils.metric import reduce_metrics
 from verl.workers.preference_worker import RewardTrainerWorker
 

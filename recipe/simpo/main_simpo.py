@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from verl.trainer.preference import sequence_logps, split_pairs
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
-from verl.trainer.preference.driver import RecipeDriver, quiet_searchpath_warning, run_recipe
+from verl.trainer.recipe_driver import RecipeDriver, quiet_searchpath_warning, run_recipe
 from verl.utils.metric import reduce_metrics
 from verl.workers.preference_worker import PreferenceWorker
 

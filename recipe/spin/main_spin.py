@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.preference.dataset import ResponseDataset
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
-from verl.trainer.preference.driver import batch_indices, quiet_searchpath_warning, run_recipe
+from verl.trainer.recipe_driver import batch_indices, quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import OnlinePreferenceDriver, check_sampling, train_prefixed
 from verl.trainer.preference.pairs import REF_KEY, PairwisePreferenceLoss
 from verl.trainer.preference.prompt_sampling import sample_responses

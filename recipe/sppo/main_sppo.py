@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
-from verl.trainer.preference.driver import quiet_searchpath_warning, run_recipe
+from verl.trainer.recipe_driver import quiet_searchpath_warning, run_recipe
 from verl.trainer.preference.online import (TRAIN_KEYS, WIN_RATE_KINDS, OnlinePreferenceDriver, SPPOLoss,
                                             check_sampling, train_prefixed, win_probabilities)
 from verl.trainer.preference.pairs import REF_KEY

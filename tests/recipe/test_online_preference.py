@@ -232,7 +232,7 @@ def test_command_line_config_errors_exit_2_before_workers(tmp_path, capsys, modu
 
     import ray
 
-    from verl.trainer.preference.driver import EXIT_CONFIG_ERROR, quiet_searchpath_warning, run_recipe
+    from verl.trainer.recipe_driver import EXIT_CONFIG_ERROR, quiet_searchpath_warning, run_recipe
     from verl.utils.embedded import make_model_dir
 
     quiet_searchpath_warning()
@@ -251,3 +251,12 @@ def test_command_line_config_errors_exit_2_before_workers(tmp_path, capsys, modu
     err = capsys.readouterr().err
     assert "Config error" in err and message in err, err
     assert not ray.is_initialized() and not (tmp_path / "ckpt").exists()
+
+
+def test_recipe_driver_keeps_its_earlier_import_path():
+    """Recipes written against ``verl.trainer.preference.driver`` still import the same base class."""
+    import verl.trainer.preference.driver as earlier
+    import verl.trainer.recipe_driver as base
+
+    assert earlier.RecipeDriver is base.RecipeDriver and earlier.run_recipe is base.run_recipe
+    assert earlier.batch_indices(10, 4, 0, 1) == base.batch_indices(10, 4, 0, 1)

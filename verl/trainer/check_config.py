@@ -9,7 +9,7 @@ Each entry point (``verl.trainer.main_ppo`` aside, which has its own ``check_con
 ``check_command_line(argv)`` function: it runs those checks in the calling process and returns, or raises
 :class:`~verl.utils.config.ConfigError` naming the key, so that scripts and tests can check many command lines
 without starting an interpreter for each. The ``__main__`` block calls :func:`check_config_if_asked` with it, which
-only adds the printing and the exit code. The recipes run by ``verl.trainer.preference.driver.run_recipe`` build
+only adds the printing and the exit code. The recipes run by ``verl.trainer.recipe_driver.run_recipe`` build
 theirs with :func:`verl.trainer.preference.check_config.check_recipe_command_line`.
 """
 

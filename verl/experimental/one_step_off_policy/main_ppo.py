@@ -22,7 +22,7 @@ from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrain
 from verl.trainer.config_schema.one_step_off import OneStepOffConfig, RolloutPool
 from verl.trainer.config_schema.spec import build
 from verl.trainer.main_ppo import TaskRunner, config_error_exit, precheck_cli, run_ppo
-from verl.trainer.preference.driver import quiet_searchpath_warning
+from verl.trainer.recipe_driver import quiet_searchpath_warning
 from verl.utils.config import ConfigError
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")

@@ -6,7 +6,7 @@ the policy is updated against a reference. Shared by ``recipe/online_dpo``, ``re
 - :func:`win_probabilities`: per sample, the estimated probability that it beats another sample of the same
   prompt (SPPO's ``P(y > pi_t | x)``), from indicator wins or a Bradley-Terry model of the scores;
 - :class:`SPPOLoss`: SPPO's squared loss as an engine loss function;
-- :class:`OnlinePreferenceDriver`: a :class:`~verl.trainer.preference.driver.RecipeDriver` with the policy worker
+- :class:`OnlinePreferenceDriver`: a :class:`~verl.trainer.recipe_driver.RecipeDriver` with the policy worker
   group (rollout + actor, and a reference model when needed), the reference schedule of
   ``trainer.ref_update_freq`` and batch layouts whose size changes from step to step.
 
@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.reward import load_reward_manager
-from verl.trainer.preference.driver import RecipeDriver
+from verl.trainer.recipe_driver import RecipeDriver
 from verl.trainer.preference.losses import sppo_loss
 from verl.trainer.preference.pairs import REF_KEY, interleave_pairs, sequence_logps
 from verl.trainer.preference.prompt_sampling import (prompt_sources, greedy_validation, sample_responses,

@@ -2,7 +2,7 @@
 (rejection-sampling fine-tuning, on-policy distillation).
 
 - :class:`PromptSource`: an RL prompt file (verl's parquet schema, ``RLHFDataset``) served as the batch of
-  0-based step ``k`` (the same ``(seed, step)`` order as :func:`verl.trainer.preference.driver.batch_indices`,
+  0-based step ``k`` (the same ``(seed, step)`` order as :func:`verl.trainer.recipe_driver.batch_indices`,
   so a resumed run sees the same prompts);
 - :func:`sample_responses`: ``generate_sequences`` on a worker group (``rollout.n`` samples per prompt, the
   hybrid engine pushes new weights first), joined with the prompt rows and ``response_mask``;
@@ -18,7 +18,7 @@ import torch
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.trainer.ppo.reward import compute_reward
-from verl.trainer.preference.driver import batch_indices
+from verl.trainer.recipe_driver import batch_indices
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset
 from verl.utils.padding import response_attention_mask
 from verl.workers.config.data import as_data_config
