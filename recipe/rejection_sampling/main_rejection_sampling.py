@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.fsdp_sft_trainer import sft_loss
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.trainer.preference.check_config import check_config_if_asked, check_recipe_command_line
 from verl.trainer.recipe_driver import RecipeDriver, quiet_searchpath_warning, run_recipe
@@ -41,12 +42,12 @@ _TRAIN_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "resp
 
 @dataclass(frozen=True)
 class SFTLoss:
-    """Token-mean negative log-likelihood of the response tokens of a micro-batch (``weight_by="tokens"``: the
-    engine weights micro-batches by their token share, so a step is the token mean over the mini-batch)."""
+    """The SFT trainer's loss (:func:`verl.trainer.fsdp_sft_trainer.sft_loss`: token-mean negative log-likelihood
+    of the response tokens; ``weight_by="tokens"`` makes a step the token mean over the mini-batch), reported as
+    ``actor/sft_loss``."""
 
     def __call__(self, outputs, micro, ctx=None):
-        mask = micro["response_mask"].to(outputs["log_probs"].dtype)
-        nll = -(outputs["log_probs"] * mask).sum() / mask.sum().clamp(min=1.0)
+        nll, _ = sft_loss(outputs, micro, ctx)
         return nll, {"actor/sft_loss": nll.detach()}
 
 

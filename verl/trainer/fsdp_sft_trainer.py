@@ -150,7 +150,7 @@ def sft_batch(batch: dict) -> DataProto:
 def sft_loss(outputs: dict, micro, ctx) -> tuple[torch.Tensor, dict]:
     """Next-token cross-entropy, mean over the micro-batch's response tokens (the engine weights micro-batches
     by their share of the global batch's tokens, so the step is d(total loss / total tokens))."""
-    mask = micro["response_mask"]
+    mask = micro["response_mask"].to(outputs["log_probs"].dtype)
     loss_sum = -(outputs["log_probs"] * mask).sum()
     return loss_sum / mask.sum().clamp(min=1.0), {"sft/loss_sum": loss_sum}
 
