@@ -41,6 +41,7 @@ from verl.utils.device import get_device_name
 from verl.utils.import_utils import import_user_modules
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
+from verl.utils.rollout_trace import trainer_run_names
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config.critic import CriticConfig
 from verl.workers.config.reward_model import RewardModelConfig
@@ -59,8 +60,8 @@ from verl.workers.rollout.layout import RolloutLayout, check_rollout_parallel, r
 from verl.workers.rollout.utils import resolve_special_tokens
 from verl.workers.sharding_manager import FSDPRolloutShardingManager
 from verl.workers.sharding_manager.fsdp_rollout import iter_base_tensors, iter_lora_adapter_tensors
-from verl.workers.worker_utils import (build_device_mesh, init_distributed, load_tokenizer, max_across_ranks,
-                                       min_across_ranks, same_tokenizer)
+from verl.workers.worker_utils import (EngineCheckpointMixin, build_device_mesh, init_distributed, load_tokenizer,
+                                       max_across_ranks, min_across_ranks, same_tokenizer)
 
 __all__ = ["ActorRolloutRefWorker", "AsyncActorRolloutRefWorker", "CriticWorker", "RewardModelWorker"]
 
@@ -102,7 +103,7 @@ def push_bucket_bytes(rollout_cfg) -> int:
         return 0
     return int(float(rollout_cfg.update_weights_bucket_megabytes) * (1 << 20))
 
-class ActorRolloutRefWorker(Worker, DistProfilerExtension):
+class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension):
     """Policy roles in one process; see the module docstring for ``role``.
 
     Config keys read (``actor_rollout_ref.*``): ``model.{path, tokenizer_path, override_config,
@@ -117,6 +118,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         super().__init__()
         if role not in _ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role={role!r} is not one of {_ROLES}")
+        self._run_names = trainer_run_names(config)  # the section sent still belongs to the whole config
         self.config = read_only_config(config)
         self.role = role
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
@@ -336,7 +338,7 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
         if getattr(self, "_agent_loop_worker", None) is None:
             self._engine_leader = None if group is None else EngineGroupLeader(self.rollout, group, leader)
             self._agent_loop_worker = AgentLoopWorker(self.config, self._engine_leader or self.rollout,
-                                                      self.tokenizer)
+                                                      self.tokenizer, run_names=self._run_names)
         try:
             return self._agent_loop_worker.generate_sequences(prompts)
         finally:
@@ -407,15 +409,10 @@ class ActorRolloutRefWorker(Worker, DistProfilerExtension):
             raise RuntimeError(f"{what} needs an actor role; this worker has role={self.role!r}")
         return self.actor_engine
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        self._require_actor("save_checkpoint").save_checkpoint(local_path, global_step, max_ckpt_to_keep)
-        dist.barrier()
+    def _checkpoint_engine(self) -> TrainEngine:
+        return self._require_actor("a checkpoint")
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        self._require_actor("load_checkpoint").load_checkpoint(local_path, del_local_after_load)
-        dist.barrier()
+    def _after_checkpoint_load(self) -> None:
         self._weights_changed()
 
     # --------------------------------------------------------------------------------- test hooks
@@ -438,7 +435,7 @@ AsyncActorRolloutRefWorker = ActorRolloutRefWorker
 
 
 # ----------------------------------------------------------------------------------------------- critic
-class CriticWorker(Worker, DistProfilerExtension):
+class CriticWorker(EngineCheckpointMixin, Worker, DistProfilerExtension):
     """Value model (token classification head on the LM body): ``compute_values``, ``update_critic``."""
 
     def __init__(self, config, typed: CriticConfig | None = None, **kwargs):
@@ -494,15 +491,6 @@ class CriticWorker(Worker, DistProfilerExtension):
         metrics["critic/lr"] = self.engine.lr_scheduler_step()
         return DataProto(meta_info={"metrics": metrics})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        self.engine.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
-        dist.barrier()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        self.engine.load_checkpoint(local_path, del_local_after_load)
-        dist.barrier()
 
 
 # ------------------------------------------------------------------------------------------ reward model

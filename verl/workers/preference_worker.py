@@ -42,7 +42,7 @@ from verl.workers.config_utils import read_only_config
 from verl.workers.engine import MicroBatchSpec, TrainEngine, TrainSpec, get_engine_cls
 from verl.workers.engine.config import actor_engine_config, typed_section
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
-from verl.workers.worker_utils import build_device_mesh, init_distributed, load_tokenizer
+from verl.workers.worker_utils import EngineCheckpointMixin, build_device_mesh, init_distributed, load_tokenizer
 
 __all__ = ["PreferenceWorker", "RewardTrainerWorker", "mean_metrics"]
 
@@ -159,7 +159,7 @@ class PreferenceWorker(ActorRolloutRefWorker):
         return copied
 
 
-class RewardTrainerWorker(Worker):
+class RewardTrainerWorker(EngineCheckpointMixin, Worker):
     """A trainable sequence classifier (reward model) on the training engine; see the module docstring."""
 
     def __init__(self, config, **kwargs):
@@ -199,13 +199,3 @@ class RewardTrainerWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_hf_model(self, out_dir: str):
         return self.engine.save_hf_model(out_dir, self.tokenizer)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        self.engine.save_checkpoint(local_path, global_step, max_ckpt_to_keep)
-        dist.barrier()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        self.engine.load_checkpoint(local_path, del_local_after_load)
-        dist.barrier()

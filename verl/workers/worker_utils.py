@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoTokenizer
 
+from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.device import collective_device, get_dist_backend, set_device
 from verl.utils.fsdp_utils import create_device_mesh
 
@@ -64,3 +65,26 @@ def min_across_ranks(values: list[float]) -> list[float]:
 
 def same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab() and getattr(a, "chat_template", None) == getattr(b, "chat_template", None)
+
+
+class EngineCheckpointMixin:
+    """``save_checkpoint`` / ``load_checkpoint`` of a worker whose state is one training engine: the engine
+    ``_checkpoint_engine()`` returns (default ``self.engine``) writes and reads its own checkpoint layout; every rank
+    waits for the others; ``_after_checkpoint_load()`` runs last (e.g. a rollout must get the loaded weights)."""
+
+    def _checkpoint_engine(self):
+        return self.engine
+
+    def _after_checkpoint_load(self) -> None:
+        pass
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        self._checkpoint_engine().save_checkpoint(local_path, global_step, max_ckpt_to_keep)
+        dist.barrier()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        self._checkpoint_engine().load_checkpoint(local_path, del_local_after_load)
+        dist.barrier()
+        self._after_checkpoint_load()
