@@ -304,7 +304,7 @@ def test_main_ppo_driver_does_not_load_the_trainer(tmp_path):
         "m.resolve_host_defaults(cfg, set())\n"
         "plan = m.validate_ppo_config(cfg)\n"
         "print('VALID', plan.device)\n"
-        "heavy = ('transformers', 'tensordict', 'vllm', 'verl.workers.fsdp_workers', 'verl.trainer.ppo.ray_trainer')\n"
+        "heavy = ('transformers', 'tensordict', 'vllm', 'verl.workers.fsdp_workers', 'verl.workers.engine_workers', 'verl.trainer.ppo.ray_trainer')\n"
         "print('LOADED', [h for h in heavy if h in sys.modules])\n"
         "print('RUNNER', m.TaskRunner.__module__)\n"
     )
@@ -346,7 +346,7 @@ def test_typed_configs_do_not_import_workers_trainer_or_experimental():
 
     probe = ("import sys, verl.workers.config\n"
              "print('LOADED', sorted(m for m in sys.modules if m.startswith(('verl.trainer.ppo', 'verl.experimental',"
-             " 'verl.workers.engine.fsdp', 'verl.workers.fsdp_workers', 'transformers'))))\n")
+             " 'verl.workers.engine.fsdp', 'verl.workers.fsdp_workers', 'verl.workers.engine_workers', 'transformers'))))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert "LOADED []" in out.stdout, out.stdout + out.stderr[-2000:]
 

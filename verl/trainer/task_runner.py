@@ -25,7 +25,8 @@ from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn, create_rl_dataset, create_rl_sampler
 from verl.utils.fs import copy_to_local
 from verl.utils.tokenizer import hf_processor, hf_tokenizer
-from verl.workers import fsdp_workers, megatron_workers
+from verl.workers import engine_workers as role_workers
+from verl.workers import megatron_workers
 from verl.workers.engine import engine_workers
 
 def resource_pools(plan: PPOPlan, placement: str = "colocate") -> tuple[dict, dict]:
@@ -74,7 +75,7 @@ def worker_classes(config: PPOTrainerConfig):
         print(f"trainer.use_legacy_worker_impl={legacy}: the engine-based workers serve every value of this switch")
     strategy = config.actor_rollout_ref.actor.strategy
     try:
-        workers = megatron_workers if engine_workers(strategy) == "megatron" else fsdp_workers
+        workers = megatron_workers if engine_workers(strategy) == "megatron" else role_workers
     except ValueError as e:
         raise ConfigError(f"actor_rollout_ref.actor.{e}") from None
     return workers.ActorRolloutRefWorker, workers.CriticWorker, workers.RewardModelWorker, RayWorkerGroup

@@ -1,6 +1,6 @@
 """Megatron workers: the FSDP workers' roles with Megatron's data-parallel dispatch.
 
-The roles, their methods and their losses are those of ``verl.workers.fsdp_workers`` (``actor``, ``rollout``,
+The roles, their methods and their losses are those of ``verl.workers.engine_workers`` (``actor``, ``rollout``,
 ``ref``, ``actor_rollout``, ``actor_rollout_ref``; ``CriticWorker``), whose training-engine calls already
 dispatch by data-parallel rank (the ``actor`` / ``critic`` meshes); the engine is chosen by
 ``strategy=megatron`` (``verl.workers.engine.megatron``). What changes is the layout of those meshes:
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
-from verl.workers import fsdp_workers
+from verl.workers import engine_workers
 from verl.workers.config_utils import per_device_micro_size, ppo_batch_sizes
 from verl.workers.engine import MicroBatchSpec
 
@@ -47,7 +47,7 @@ def megatron_grid(megatron_cfg, world: int, prefix: str) -> dict:
             "collect": rank % tp == 0 and pp_rank == pp - 1}
 
 
-class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
+class ActorRolloutRefWorker(engine_workers.ActorRolloutRefWorker):
     """The FSDP worker's roles on Megatron engines; see the module docstring."""
 
     def _megatron_grid(self) -> dict:
@@ -81,7 +81,7 @@ class ActorRolloutRefWorker(fsdp_workers.ActorRolloutRefWorker):
 AsyncActorRolloutRefWorker = ActorRolloutRefWorker
 
 
-class CriticWorker(fsdp_workers.CriticWorker):
+class CriticWorker(engine_workers.CriticWorker):
     """The FSDP critic's methods on a Megatron engine (value head on the last stage)."""
 
     def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
@@ -101,7 +101,7 @@ class CriticWorker(fsdp_workers.CriticWorker):
             use_dynamic_bsz=self.forward_micro.use_dynamic_bsz, max_token_len=self.forward_micro.max_token_len)
 
 
-class RewardModelWorker(fsdp_workers.RewardModelWorker):
+class RewardModelWorker(engine_workers.RewardModelWorker):
     """The FSDP reward-model worker's scoring (``compute_rm_score``: the sequence classifier's score at the last
     valid token) on the Megatron engine with ``reward_model.strategy=megatron``: the
     ``reward_model.megatron`` tensor x pipeline ranks of one data-parallel rank get the same rows and tensor rank 0
@@ -121,4 +121,4 @@ class RewardModelWorker(fsdp_workers.RewardModelWorker):
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("reward_model"))
     def compute_rm_score(self, data):
-        return fsdp_workers.RewardModelWorker.compute_rm_score(self, data)
+        return engine_workers.RewardModelWorker.compute_rm_score(self, data)

@@ -41,7 +41,7 @@ from verl.workers.actor.dp_actor import typed_actor_config
 from verl.workers.config_utils import read_only_config
 from verl.workers.engine import MicroBatchSpec, TrainEngine, TrainSpec, get_engine_cls
 from verl.workers.engine.config import actor_engine_config, typed_section
-from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.worker_utils import EngineCheckpointMixin, build_device_mesh, init_distributed, load_tokenizer
 
 __all__ = ["PreferenceWorker", "RewardTrainerWorker", "mean_metrics"]

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.engine_workers import ActorRolloutRefWorker
 
 __all__ = ["DetachActorWorker", "DetachRolloutWorker"]
 

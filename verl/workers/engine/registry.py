@@ -20,7 +20,7 @@ ENGINES: dict[str, Any] = {
     # never load
     "megatron": "verl.workers.engine.megatron:MegatronEngine",
 }
-# strategy -> the worker classes that run its roles: "fsdp" (verl.workers.fsdp_workers: every rank holds rows of
+# strategy -> the worker classes that run its roles: "fsdp" (verl.workers.engine_workers: every rank holds rows of
 # its own) or "megatron" (verl.workers.megatron_workers: the tensor x pipeline ranks of one replica share rows)
 WORKERS: dict[str, str] = {"fsdp": "fsdp", "fsdp2": "fsdp", "megatron": "megatron"}
 WORKER_KINDS = ("fsdp", "megatron")
