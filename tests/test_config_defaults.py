@@ -32,6 +32,7 @@ ALLOWED = {  # (file, key): why the default there is not a config default
     ("verl/workers/rollout/vllm_rollout/vllm_rollout.py", "model_type"): "the HF model config's sub-configs",
     ("verl/workers/engine/shared_prompt.py", "model_type"): "the HF model config",
     ("verl/workers/engine/megatron.py", "sequence_parallel"): "megatron-core's mark on a parameter",
+    ("verl/models/mcore/lora.py", "sequence_parallel"): "megatron-core's mark on a layer's parameter",
     ("verl/workers/engine_workers.py", "tensor_parallel_size"): "a rollout engine object's attribute",
     ("verl/utils/profiler/profile.py", "trace_alloc_max_entries"):
         "the profiler's tool settings object, which the profiler builds with this default itself",

@@ -60,6 +60,8 @@ ALLOWED_LAZY = {
     ("verl/trainer/config_schema/megatron.py", "transformers"):
         "the HF config is read only when a Megatron config is validated",
     ("verl/utils/ulysses.py", "transformers"): "the HF config is read only when Ulysses parallelism is validated",
+    ("verl/models/mcore/lora.py", "verl.models.mcore.model"):
+        "the model module imports the adapters' merge from here; its layout helpers are read when adapters are added",
     ("verl/workers/config/model.py", "verl.utils.tokenizer"):
         "the typed model config is built where no model loads (the driver); the tokenizer loads on first read",
     ("verl/workers/config/model.py", "verl.utils.model"):

@@ -1,6 +1,7 @@
 """End-to-end: `python -m verl.trainer.main_ppo ...` on the embedded tiny model, CPU workers, Ray.
 
-- PPO with GAE + critic: verl's quickstart command line (rollout.name=hf), 2 steps;
+- PPO with GAE + critic: verl's quickstart command line (rollout.name=hf), 2 steps, episodes traced to MLflow
+  (rollout.trace.backend=mlflow);
 - GRPO: rollout.n=4, KL as a loss (reference policy in its own worker group), 3 steps, with torch traces of step 1
   (global_profiler.tool=torch) for the actor and the reference, on a user's engine and rollout registered through
   ``model.external_lib`` (``strategy=my_strategy``, ``rollout.name=my_rollout``);
@@ -11,6 +12,7 @@
 Each run is a subprocess in its own directory (its own Ray instance); metrics come from the `file` logger.
 """
 
+import importlib.util
 import json
 import os
 import signal
@@ -121,13 +123,22 @@ def read_metrics(run_dir):
     return steps
 
 
-def test_ppo_gae_quickstart(assets, tmp_path):
+# rollout tracing rides along with the quickstart run (a few seconds; tests/utils/test_rollout_trace.py has the rest)
+TRACED = importlib.util.find_spec("mlflow") is not None and importlib.util.find_spec("sqlalchemy") is not None
+TRACE_ARGS = ["actor_rollout_ref.rollout.trace.backend=mlflow", "actor_rollout_ref.rollout.trace.token2text=True",
+              "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=1"] if TRACED else []
+
+
+def test_ppo_gae_quickstart(assets, tmp_path, monkeypatch):
     run = tmp_path / "ppo"
+    # the store, named: the e2e runs join the session's Ray cluster, whose workers do not run in the driver's
+    # directory (where the default ./mlflow.db is); the driver passes MLFLOW_TRACKING_URI on to the workers
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{run / 'mlflow.db'}")
     # 6 prompts in mini-batches of 4, as verl allows: each worker's 3 rows are a mini-batch of 2, then one of 1
     # (actor and critic)
     metrics = run_main(run, quickstart_args(assets, steps=2) + ["trainer.test_freq=2", "trainer.save_freq=2",
                                                                   "trainer.val_before_train=True",
-                                                                  "data.train_batch_size=6"])
+                                                                  "data.train_batch_size=6", *TRACE_ARGS])
     assert sorted(metrics) == [0, 1, 2]
     assert "val-core/arithmetic/reward/mean@1" in metrics[0]
     for step in (1, 2):
@@ -150,6 +161,16 @@ def test_ppo_gae_quickstart(assets, tmp_path):
     log = (run / "log.txt").read_text()
     assert "step:2 - " in log  # the console logger's line
     assert f"Training curves: {ckpt / 'training_curves.png'}" in log
+    if TRACED:  # each of the 2 rollout workers traced 1 episode per step (experiment = trainer.project_name)
+        import mlflow
+
+        client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
+        traces = client.search_traces(locations=[client.get_experiment_by_name("verl_examples").experiment_id])
+        steps = sorted((t.info.tags["validate"], t.info.tags["step"]) for t in traces)
+        assert steps == [("False", "1")] * 2 + [("False", "2")] * 2 + [("True", "0")] * 2 + [("True", "2")] * 2
+        assert {t.info.tags["experiment_name"] for t in traces} == {"gsm8k"}
+        generate = traces[0].search_spans(name="AsyncLLMServerManager.generate")[0]
+        assert generate.outputs["token_ids"] and isinstance(generate.outputs["text"], str)  # token2text
 
 
 def test_grpo_n4_kl_loss(assets, tmp_path):

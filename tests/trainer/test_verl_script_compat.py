@@ -122,8 +122,7 @@ def test_data_tool_config_path_follows_multi_turn_and_a_bad_file_is_named(assets
 
 @pytest.mark.parametrize("override, words", [
     ("actor_rollout_ref.rollout.quantization=fp8", "quantized rollout is not available"),
-    ("actor_rollout_ref.rollout.trace.backend=mlflow", "rollout tracing is not available"),
-    ("actor_rollout_ref.rollout.trace.token2text=True", "rollout tracing is not available"),
+    ("actor_rollout_ref.rollout.trace.backend=weave", "W&B Weave service"),  # mlflow: tests/utils/test_rollout_trace.py
     ("+data.gen_batch_size=16", "differs from data.train_batch_size=8"),
     ("+algorithm.filter_groups.enable=True", "runs in the DAPO recipe"),
 ])

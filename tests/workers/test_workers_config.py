@@ -267,7 +267,7 @@ def test_defaults_are_the_schemas():
      "McoreEngineConfig.use_dist_checkpointing=True is not supported"),
     (lambda: wc.McoreOptimizerConfig(lr_decay_style="cosine"), "McoreOptimizerConfig.lr_decay_style='cosine' is not"),
     (lambda: wc.FSDPEngineConfig(grad_offload=True), "FSDPEngineConfig.grad_offload=True is not supported"),
-    (lambda: wc.HFModelConfig(lora={"rank": 8}), "HFModelConfig.lora={'rank': 8} is not supported"),
+    (lambda: wc.HFModelConfig(lora={"rank": 8, "type": "dora"}), "HFModelConfig.lora.type='dora' is not supported"),
     (lambda: wc.ServerConfig(timeout=0), "ServerConfig.timeout=0 must be a number > 0"),  # any valid value: no effect
     (lambda: wc.VeOmniEngineConfig(), "VeOmni engine is not available"),
     # types and ranges are the schema's

@@ -16,6 +16,7 @@ from transformers import AutoConfig
 
 from verl.model_merger.base_model_merger import BaseModelMerger
 from verl.models.mcore.convert import HFWeights
+from verl.models.mcore.lora import apply_lora, load_lora_settings
 from verl.models.mcore.model import build_gpt_model, iter_hf_params
 from verl.single_controller.base.worker import get_free_port
 from verl.utils.megatron.checkpoint import DIST_CKPT
@@ -51,6 +52,9 @@ def load_megatron_checkpoint(local_dir: str, hf_config, value_head: bool) -> dic
         dtype = getattr(hf_config, "torch_dtype", None) or torch.float32
         dtype = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), torch.float32)
         model = build_gpt_model(hf_config, value_head=value_head, sequence_parallel=False, dtype=dtype)
+        lora = load_lora_settings(local_dir)
+        if lora is not None:  # a LoRA run: the adapters are read too and the weights come out merged
+            apply_lora(model, hf_config, lora, seed=0)
         loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, ckpt)
         model.load_state_dict(loaded["model"], strict=False)
         return {k: v.clone() for k, v in iter_hf_params(model, hf_config, value_head)}

@@ -15,7 +15,9 @@ Backends (``trainer.logger``):
 - ``mlflow``: the project is the MLflow experiment, the experiment name the run name, the flattened config the
   run's parameters. Tracking store: ``$MLFLOW_TRACKING_URI`` if set, else a local SQLite file
   ``./mlflow.db`` (artifacts under ``./mlruns``); view it with ``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
-  Metric names are made MLflow-safe (``@`` becomes ``_at_``, other disallowed characters ``_``).
+  Metric names are made MLflow-safe (``@`` becomes ``_at_``, other disallowed characters ``_``). ``mlflow-skinny``
+  is enough (``pip install verl[mlflow]``: mlflow-skinny, plus sqlalchemy and alembic for the SQLite store);
+  rollout traces (``actor_rollout_ref.rollout.trace.backend=mlflow``) go to the same store and experiment.
 - ``swanlab``: ``swanlab.init(project, experiment_name, config, logdir=$SWANLAB_LOG_DIR or ./swanlog,
   mode=$SWANLAB_MODE)``; with ``SWANLAB_API_KEY`` set it logs in first. Without a mode and without a key it
   runs ``offline`` (a run file to ``swanlab sync`` later) instead of asking for credentials.
@@ -30,12 +32,16 @@ fails at construction with the list of supported backends.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import importlib.util
 import json
 import numbers
 import os
 import pprint
 import re
+import tempfile
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -43,17 +49,23 @@ from omegaconf import OmegaConf
 from verl.utils.config import ConfigError
 
 __all__ = ["Tracking", "ValidationGenerationsLogger", "concat_dict_to_str", "SUPPORTED_BACKENDS",
-           "missing_backend_package", "check_backend_packages"]
+           "missing_backend_package", "check_backend_packages", "mlflow_tracking_uri", "missing_mlflow_packages",
+           "mlflow_store_lock"]
 
 SUPPORTED_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
-# backend -> (module it imports, pip package that provides it)
+# backend -> (module it imports, pip package that provides it); mlflow: see missing_mlflow_packages
 BACKEND_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
-                    "mlflow": ("mlflow", "mlflow"), "swanlab": ("swanlab", "swanlab"),
+                    "mlflow": ("mlflow", "mlflow-skinny"), "swanlab": ("swanlab", "swanlab"),
                     "clearml": ("clearml", "clearml"), "trackio": ("trackio", "trackio")}
 
 
 def missing_backend_package(backend: str) -> str | None:
     """What to install for ``backend`` when its package is missing (None: nothing to install)."""
+    if backend == "mlflow":
+        missing = missing_mlflow_packages()
+        return (f"trainer.logger=mlflow needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                f"not installed: pip install {' '.join(missing)} (or remove mlflow from trainer.logger)"
+                if missing else None)
     module, package = BACKEND_PACKAGES.get(backend, (None, None))
     if module is None or importlib.util.find_spec(module) is not None:
         return None
@@ -194,17 +206,53 @@ def mlflow_metric_name(name: str) -> str:
     return _MLFLOW_BAD.sub("_", name.replace("@", "_at_"))
 
 
+def mlflow_tracking_uri() -> str:
+    """The MLflow store of a run: ``$MLFLOW_TRACKING_URI``, else the SQLite file ``./mlflow.db`` (absolute)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///" + os.path.abspath("mlflow.db")
+
+
+def missing_mlflow_packages(uri: str | None = None) -> list[str]:
+    """The pip packages missing to write to the MLflow store ``uri`` (default: :func:`mlflow_tracking_uri`):
+    mlflow-skinny (the ``mlflow`` module; the full mlflow package provides it too), and for a SQLite store the
+    database layer that mlflow-skinny leaves out (sqlalchemy, alembic)."""
+    uri = uri or mlflow_tracking_uri()
+    needed = [("mlflow", "mlflow-skinny")]
+    if uri.startswith("sqlite:"):
+        needed += [("sqlalchemy", "sqlalchemy"), ("alembic", "alembic")]
+    return [package for module, package in needed if importlib.util.find_spec(module) is None]
+
+
+@contextlib.contextmanager
+def mlflow_store_lock(uri: str):
+    """Held while a process opens a SQLite store: the first one creates its tables (a migration that takes seconds),
+    and the driver's logger and every rollout worker's tracer may open the same new file at once."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    path = os.path.abspath(uri[len("sqlite:///"):])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    digest = hashlib.sha1(path.encode()).hexdigest()[:16]  # the lock file stays out of the user's directory
+    with open(os.path.join(tempfile.gettempdir(), f"verl-mlflow-{digest}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class MlflowLogger:
     def __init__(self, project_name: str, experiment_name: str, config: dict | None):
-        try:  # optional heavy dependency (the mlflow extra): loaded only when trainer.logger names it
-            import mlflow
-        except ImportError:
-            raise ImportError("trainer.logger=mlflow needs the mlflow package: pip install mlflow (or mlflow-skinny "
-                              "sqlalchemy alembic for the local SQLite store)") from None
+        uri = mlflow_tracking_uri()
+        missing = missing_mlflow_packages(uri)
+        if missing:  # optional dependencies (the mlflow extra): loaded only when trainer.logger names mlflow
+            raise ImportError(f"trainer.logger=mlflow needs {', '.join(missing)}: pip install {' '.join(missing)} "
+                              f"(or pip install verl[mlflow])")
+        import mlflow  # optional heavy dependency (the mlflow extra): loaded only when trainer.logger names it
+
         self.mlflow = mlflow
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///" + os.path.abspath("mlflow.db")
-        mlflow.set_tracking_uri(uri)
-        experiment = mlflow.set_experiment(project_name)
+        with mlflow_store_lock(uri):
+            mlflow.set_tracking_uri(uri)
+            experiment = mlflow.set_experiment(project_name)
         self.run = mlflow.start_run(experiment_id=experiment.experiment_id, run_name=experiment_name)
         params = flatten_config(config)
         if params:

@@ -403,3 +403,19 @@ def test_megatron_batch_is_split_over_its_data_parallel_ranks_only(assets):
     with pytest.raises(ConfigError, match=r"= 4 \* 1 / 4 = 1\) must be a multiple of "
                                           r"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"):
         validate_ppo_config(_validated_config(assets, *MEGATRON_TP2_PP2), check_files=False)
+
+
+def test_rollout_architecture_gap_is_a_hardware_refusal(tmp_path):
+    """vLLM's CPU backend cannot decode a DeepSeek-V3 (multi-latent attention) model: refused as needing CUDA,
+    with the HF rollout named; other engines, devices and architectures pass."""
+    from verl.workers.rollout.layout import check_rollout_architecture
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
+    with pytest.raises(ValueError, match=r"rollout.name=vllm with a DeepseekV3ForCausalLM model .* needs CUDA.*"
+                                         r"rollout.name=hf"):
+        check_rollout_architecture(name="vllm", device="cpu", model_path=str(tmp_path))
+    check_rollout_architecture(name="hf", device="cpu", model_path=str(tmp_path))
+    check_rollout_architecture(name="vllm", device="cuda", model_path=str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    check_rollout_architecture(name="vllm", device="cpu", model_path=str(tmp_path))
+    check_rollout_architecture(name="vllm", device="cpu", model_path=str(tmp_path / "missing"))

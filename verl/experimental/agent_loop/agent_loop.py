@@ -36,6 +36,8 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field
 
 from verl.utils.import_utils import load_module
+from verl.utils.rollout_trace import (RolloutTraceConfig, rollout_trace_attr, rollout_trace_op, trainer_run_names,
+                                      traced_samples)
 from verl.workers.config.data import as_data_config
 from verl.workers.config.rollout import as_rollout_config
 from verl.workers.rollout.async_server import AsyncRolloutServer, TokenOutput
@@ -124,11 +126,13 @@ class AsyncLLMServerManager:
     """What an agent loop calls: ``await generate(request_id, prompt_ids=..., sampling_params=...)``.
 
     Here it fronts the worker's own engine (:class:`AsyncRolloutServer`); the ``request_id`` of an episode stays
-    the same across its turns."""
+    the same across its turns. ``tokenizer``: decodes the recorded outputs under ``rollout.trace.token2text``."""
 
-    def __init__(self, server: AsyncRolloutServer):
+    def __init__(self, server: AsyncRolloutServer, tokenizer=None):
         self.server = server
+        self.tokenizer = tokenizer
 
+    @rollout_trace_op
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: Optional[list] = None) -> TokenOutput:
         if image_data:
@@ -184,16 +188,19 @@ class AgentLoopWorker:
         config: the ``actor_rollout_ref`` config.
         rollout: the worker's engine (a ``BaseRollout`` with ``generate_requests``).
         tokenizer: the policy tokenizer.
+        run_names: (``trainer.project_name``, ``trainer.experiment_name``), where ``rollout.trace`` records the
+            episodes (verl.utils.rollout_trace); by default read from the whole config ``config`` belongs to.
     """
 
-    def __init__(self, config, rollout, tokenizer, processor=None, dataset_config=None):
+    def __init__(self, config, rollout, tokenizer, processor=None, dataset_config=None,
+                 run_names: Optional[tuple[str, str]] = None):
         self.config = config
         self.rollout_config = as_rollout_config(config.rollout)
         self.tokenizer = tokenizer
         self.processor = processor
         self.dataset_config = dataset_config
         self.server = AsyncRolloutServer(rollout, self.rollout_config)
-        self.server_manager = AsyncLLMServerManager(self.server)
+        self.server_manager = AsyncLLMServerManager(self.server, tokenizer)
         self.trainer_config = _TrainerConfig(config)
         self.default_agent = self.rollout_config.agent.default_agent_loop
         self.agent_kwargs: dict[str, dict] = {}
@@ -203,6 +210,9 @@ class AgentLoopWorker:
         self._loops: dict[str, AgentLoopBase] = {}
         self.prompt_length = self.rollout_config.prompt_length
         self.response_length = self.rollout_config.response_length
+        trace = self.rollout_config.trace
+        RolloutTraceConfig.init(*(run_names or trainer_run_names(config)), trace.backend, trace.token2text,
+                                trace.max_samples_per_step_per_worker)
 
     def _loop_for(self, name: str) -> AgentLoopBase:
         if name not in self._loops:
@@ -221,6 +231,7 @@ class AgentLoopWorker:
         if self.rollout_config.ignore_eos:
             sampling["ignore_eos"] = True
         outputs, unknown = asyncio.run(self._run_all(prompts, sampling, n))
+        RolloutTraceConfig.flush(wait=False)  # the step's traces into the store (rollout.trace.backend)
         return self._pack(outputs, unknown, prompts, n, meta)
 
     def _episode_kwargs(self, prompts: DataProto, i: int) -> dict:
@@ -234,6 +245,11 @@ class AgentLoopWorker:
     async def _run_all(self, prompts: DataProto, sampling: dict, n: int):
         tasks, unknown = [], []
         names = prompts.non_tensor_batch.get("agent_name")
+        index = prompts.non_tensor_batch.get("index")
+        sample_ids = list(index) if index is not None else list(range(len(prompts)))
+        step, validate = prompts.meta_info.get("global_steps", -1), bool(prompts.meta_info.get("validate", False))
+        traced = traced_samples(sample_ids, step)  # None: every episode (rollout.trace.*)
+        rollouts: dict = {}  # sample id -> rollouts started (validation repeats a sample's rows instead of n)
         for i in range(len(prompts)):
             name = names[i] if names is not None and names[i] else self.default_agent
             if name not in AGENT_LOOP_REGISTRY:
@@ -245,9 +261,18 @@ class AgentLoopWorker:
                 unknown.append(0)
             loop = self._loop_for(str(name))
             kwargs = self._episode_kwargs(prompts, i)
-            for _ in range(n):
-                tasks.append(loop.run(dict(sampling), **dict(kwargs)))
+            first = rollouts.get(sample_ids[i], 0)
+            rollouts[sample_ids[i]] = first + n
+            for j in range(n):
+                trace = dict(step=step, sample_index=sample_ids[i], rollout_n=first + j, validate=validate,
+                             trace=traced is None or sample_ids[i] in traced)
+                tasks.append(self._run_episode(loop, dict(sampling), dict(kwargs), trace))
         return await asyncio.gather(*tasks), unknown
+
+    @staticmethod
+    async def _run_episode(loop: AgentLoopBase, sampling: dict, kwargs: dict, trace: dict) -> AgentLoopOutput:
+        with rollout_trace_attr(name="agent_loop", **trace):  # one trace per episode with a rollout.trace.backend
+            return await loop.run(sampling, **kwargs)
 
     def _pack(self, outputs: list[AgentLoopOutput], unknown: list[int], prompts: DataProto, n: int,
               meta: dict) -> DataProto:

@@ -7,6 +7,7 @@ import logging
 from verl.interactions.utils.interaction_registry import InteractionConfigError, check_interaction_config
 from verl.tools.utils.tool_registry import ToolConfigError, check_tool_config
 from verl.utils.config import ConfigError
+from verl.utils.rollout_trace import missing_trace_package
 from verl.workers.config.rollout import as_rollout_config
 
 from .agent_loop import AGENT_LOOP_REGISTRY, load_agent_loop_config
@@ -26,6 +27,7 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
     * the tool config must load and every ``class_name`` must import as a ``BaseTool`` subclass (interactions:
       a ``BaseInteraction`` subclass);
     * ``agent.default_agent_loop`` and ``multi_turn.format`` must name something registered;
+    * ``trace.backend`` needs ``mode=async`` (the agent loop records the traces) and its packages (mlflow);
     * loops with a ``check_kwargs(kwargs, where)`` classmethod (the adapters that load a user file) check their
       agent-loop config entry (the default loop with no entry is checked with no kwargs).
     """
@@ -33,6 +35,13 @@ def check_agent_loop_config(rollout_config, check_files: bool = True) -> None:
     mode, mt, agent = rollout.mode, rollout.multi_turn, rollout.agent
     enable, tool_path, interaction_path = mt.enable, mt.tool_config_path, mt.interaction_config_path
     loops_path = agent.agent_loop_config_path
+    if rollout.trace.backend is not None:
+        if mode != "async":
+            raise ConfigError(f"{AR}.trace.backend={rollout.trace.backend} is set but {AR}.mode={mode}: the agent "
+                              f"loop records the traces; set {AR}.mode=async")
+        problem = missing_trace_package(rollout.trace.backend)
+        if problem:
+            raise ConfigError(problem)
     if mode != "async":
         for key, value in ((f"{AR}.multi_turn.enable", enable), (f"{AR}.multi_turn.tool_config_path", tool_path),
                            (f"{AR}.multi_turn.interaction_config_path", interaction_path),

@@ -34,6 +34,7 @@ import numpy as np
 
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.import_utils import load_module
+from verl.utils.rollout_trace import rollout_trace_op
 from verl.workers.config.model import HFModelConfig
 
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
@@ -116,6 +117,7 @@ class OpenAIAgentLoop(AgentLoopBase):
         """Config check before workers start: the function loads and has the right shape."""
         load_agent_func(kwargs.get("agent_func_path"), str(kwargs.get("agent_func_name", "run_agent")), where)
 
+    @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         session = ChatSession(self.tokenizer, self.server_manager, sampling_params, self.prompt_length,
                               self.response_length, tool_parser=self.tool_parser,

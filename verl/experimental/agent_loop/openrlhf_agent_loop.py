@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from verl.utils.import_utils import load_module
+from verl.utils.rollout_trace import rollout_trace_op
 
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
@@ -195,6 +196,7 @@ class OpenRLHFAgentLoop(AgentLoopBase):
             raise ValueError(f"{self.where}: step() environment_feedback must be a string")
         return result
 
+    @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         request_id = uuid4().hex
         label = self._label(kwargs)

@@ -6,6 +6,8 @@ import time
 from typing import Any
 from uuid import uuid4
 
+from verl.utils.rollout_trace import rollout_trace_op
+
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 __all__ = ["SingleTurnAgentLoop"]
@@ -15,6 +17,7 @@ __all__ = ["SingleTurnAgentLoop"]
 class SingleTurnAgentLoop(AgentLoopBase):
     """Generate one response for the dataset's prompt tokens (``raw_prompt_ids``)."""
 
+    @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         prompt_ids = list(kwargs["raw_prompt_ids"])
         start = time.perf_counter()

@@ -35,6 +35,7 @@ from uuid import uuid4
 
 from verl.interactions.utils.interaction_registry import initialize_interactions_from_config
 from verl.tools.utils.tool_registry import initialize_tools_from_config, tool_schemas
+from verl.utils.rollout_trace import rollout_trace_op
 
 from .agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from .tool_parser import ToolParser
@@ -110,6 +111,7 @@ class ToolAgentLoop(AgentLoopBase):
         return self.tokenizer.encode(delta, add_special_tokens=False)
 
     # ---------------------------------------------------------------------------------------------- tools
+    @rollout_trace_op
     async def _call_tool(self, call, tools_kwargs: dict, instances: dict) -> tuple[str, bool, float]:
         """Run one parsed call; returns (text for the model, error?, tool reward)."""
         tool = self.tools.get(call.name)
@@ -165,6 +167,7 @@ class ToolAgentLoop(AgentLoopBase):
             return None, None
         return interaction, await interaction.start_interaction(None, **ikw)
 
+    @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         request_id = uuid4().hex
         tools_kwargs = dict(kwargs.get("tools_kwargs") or {})

@@ -1,11 +1,13 @@
 """Hugging Face <-> megatron-core conversion, one module per architecture (``qwen2``, ``llama``, and the
-mixtures of experts ``qwen3_moe`` and ``qwen2_moe``).
+mixtures of experts ``qwen3_moe``, ``qwen2_moe`` and ``deepseek_v3``: DeepSeek-V3 / Moonlight, multi-latent
+attention).
 
 ``get_arch(hf_config)`` returns the :class:`~verl.models.mcore.convert.ArchSpec` of a supported architecture or
 raises naming the ones that are supported.
 """
 
 from verl.models.mcore.convert import ArchSpec
+from verl.models.mcore.deepseek_v3 import DEEPSEEK_V3
 from verl.models.mcore.llama import LLAMA
 from verl.models.mcore.qwen2 import QWEN2
 from verl.models.mcore.qwen2_moe import QWEN2_MOE
@@ -18,17 +20,16 @@ SUPPORTED_ARCHITECTURES: dict[str, ArchSpec] = {
     "LlamaForCausalLM": LLAMA, "LlamaForTokenClassification": LLAMA,
     # reward models: the scalar head (score.weight) on the last stage, as the critic's
     "Qwen2ForSequenceClassification": QWEN2, "LlamaForSequenceClassification": LLAMA,
-    "Qwen3MoeForCausalLM": QWEN3_MOE, "Qwen2MoeForCausalLM": QWEN2_MOE,
+    "Qwen3MoeForCausalLM": QWEN3_MOE, "Qwen2MoeForCausalLM": QWEN2_MOE, "DeepseekV3ForCausalLM": DEEPSEEK_V3,
 }
-_BY_MODEL_TYPE = {"qwen2": QWEN2, "llama": LLAMA, "qwen3_moe": QWEN3_MOE, "qwen2_moe": QWEN2_MOE}
+_BY_MODEL_TYPE = {"qwen2": QWEN2, "llama": LLAMA, "qwen3_moe": QWEN3_MOE, "qwen2_moe": QWEN2_MOE,
+                  "deepseek_v3": DEEPSEEK_V3}
 
 
 # architectures verl runs on Megatron that this engine does not convert, and what is missing
 _NOT_CONVERTED = {
-    "DeepseekV3ForCausalLM": "multi-latent attention (MLA: low-rank compressed queries and keys/values with a "
-                             "separate rotary part) and DeepSeek's experts (shared experts, grouped top-k routing "
-                             "with a score-correction bias, leading dense layers) are not converted",
-    "DeepseekV2ForCausalLM": "multi-latent attention (MLA) and DeepSeek's experts are not converted",
+    "DeepseekV2ForCausalLM": "DeepSeek-V2's router (softmax scores, its topk_method) is not converted (DeepSeek-V3's "
+                             "DeepseekV3ForCausalLM is)",
     "Qwen3VLMoeForConditionalGeneration": "the vision tower and its multimodal rotary positions are not converted",
 }
 

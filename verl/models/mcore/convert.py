@@ -42,7 +42,7 @@ import torch
 from safetensors import safe_open
 
 __all__ = ["ArchSpec", "Rule", "padded_vocab_size", "shard", "unshard", "local_hf_pieces", "range_overlaps",
-           "HFWeights", "layer_rules", "model_rules", "rope_theta", "EXPERT_KINDS", "num_experts"]
+           "HFWeights", "layer_rules", "expert_rules", "model_rules", "rope_theta", "EXPERT_KINDS", "num_experts"]
 
 # cuts of expert weights: like fc1 / row, over the expert tensor-parallel group (megatron's expert_tensor_parallel)
 EXPERT_KINDS = {"xfc1": "fc1", "xrow": "row"}
@@ -69,6 +69,7 @@ class ArchSpec:
     qk_norm: bool = False  # RMSNorm of each query / key head (Qwen3)
     experts: bool = False  # every decoder layer's MLP is a mixture of experts
     shared_expert: bool = False  # plus an always-on expert behind a sigmoid gate (Qwen2-MoE)
+    mla: bool = False  # multi-latent attention (DeepSeek): megatron's MLATransformerConfig / MLASelfAttention
 
     def check(self, hf_config) -> None:
         for k, ok in self.refuse_keys.items():
@@ -76,11 +77,7 @@ class ArchSpec:
             if value not in (ok, None):
                 raise ValueError(f"{self.name}: config.{k}={value!r} is not supported by the Megatron engine "
                                  f"(only {ok!r}); use strategy=fsdp for this model")
-        rope = getattr(hf_config, "rope_scaling", None) or getattr(hf_config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if rope_type not in (None, "default"):
-            raise ValueError(f"{self.name}: rope scaling {rope_type!r} is not supported by the Megatron engine; "
-                             "use strategy=fsdp for this model")
+        self.check_rope(hf_config)
         if self.experts:
             dense = list(getattr(hf_config, "mlp_only_layers", None) or [])
             step = int(getattr(hf_config, "decoder_sparse_step", 1) or 1)
@@ -88,6 +85,34 @@ class ArchSpec:
                 raise ValueError(f"{self.name}: config.mlp_only_layers={dense} / decoder_sparse_step={step}: the "
                                  "Megatron engine builds every layer as a mixture of experts (mlp_only_layers=[], "
                                  "decoder_sparse_step=1); use strategy=fsdp for this model")
+
+    def check_rope(self, hf_config) -> None:
+        rope = getattr(hf_config, "rope_scaling", None) or getattr(hf_config, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if rope_type not in (None, "default"):
+            raise ValueError(f"{self.name}: rope scaling {rope_type!r} is not supported by the Megatron engine; "
+                             "use strategy=fsdp for this model")
+
+    # hooks an architecture whose layers differ from the Llama-shaped ones overrides (see deepseek_v3.py)
+    def is_moe_layer(self, hf_config, layer: int) -> bool:
+        """Whether global decoder layer ``layer``'s MLP is a mixture of experts."""
+        return self.experts
+
+    def rules_of_layer(self, hf_config, layer: int) -> list[Rule]:
+        """The parameters of global decoder layer ``layer`` (see :func:`layer_rules`)."""
+        return layer_rules(self, num_experts(hf_config))
+
+    def transformer_fields(self, hf_config) -> dict:
+        """``TransformerConfig`` fields of this architecture beyond the Llama-shaped ones and the experts'."""
+        return {}
+
+    def to_mcore(self, hf_config, hf_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A full HF tensor as megatron lays it out (before the tensor-parallel cut): the same by default."""
+        return tensor
+
+    def to_hf(self, hf_config, hf_name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`to_mcore` (after the pieces are put together)."""
+        return tensor
 
 
 def num_experts(hf_config) -> int:
@@ -132,17 +157,24 @@ def layer_rules(arch: ArchSpec, experts: int = 0) -> list[Rule]:
         return rules + [Rule("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), "fc1"),
                         Rule("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), "row")]
     rules.append(Rule("mlp.router.weight", ("mlp.gate.weight",), "rep"))
+    rules += expert_rules(experts)
+    if arch.shared_expert:
+        rules += [Rule("mlp.shared_experts.linear_fc1.weight",
+                       ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"), "fc1"),
+                  Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_expert.down_proj.weight",), "row"),
+                  Rule("mlp.shared_experts.gate_weight", ("mlp.shared_expert_gate.weight",), "rep")]
+    return rules
+
+
+def expert_rules(experts: int) -> list[Rule]:
+    """The routed experts of an MoE layer (by global index; the mcore name holds ``{local}``)."""
+    rules = []
     for e in range(experts):
         hf = f"mlp.experts.{e}."
         rules += [Rule("mlp.experts.local_experts.{local}.linear_fc1.weight",
                        (f"{hf}gate_proj.weight", f"{hf}up_proj.weight"), "xfc1", expert=e),
                   Rule("mlp.experts.local_experts.{local}.linear_fc2.weight", (f"{hf}down_proj.weight",), "xrow",
                        expert=e)]
-    if arch.shared_expert:
-        rules += [Rule("mlp.shared_experts.linear_fc1.weight",
-                       ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"), "fc1"),
-                  Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_expert.down_proj.weight",), "row"),
-                  Rule("mlp.shared_experts.gate_weight", ("mlp.shared_expert_gate.weight",), "rep")]
     return rules
 
 

@@ -20,9 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from verl.models.mcore import get_arch
-from verl.models.mcore.convert import (HFWeights, Shapes, layer_rules, local_hf_pieces, model_rules, num_experts,
-                                       padded_vocab_size, range_overlaps, rope_theta, shard, unshard)
+from verl.models.mcore.convert import (HFWeights, Shapes, local_hf_pieces, model_rules, num_experts, padded_vocab_size,
+                                       range_overlaps, rope_theta, shard, unshard)
+from verl.models.mcore.deepseek_v3 import mla_submodules
 from verl.models.mcore.experts import expert_owner, is_expert_kind, moe_transformer_fields
+from verl.models.mcore.lora import merged_weight, weight_adapters
 from verl.utils.device import collective_device, get_device
 
 __all__ = ["ValueHead", "build_gpt_model", "build_model_chunks", "load_hf_weights", "iter_hf_params",
@@ -139,24 +141,39 @@ class HeadRMSNorm(RMSNorm):
         self.weight.sum_grad_over_tp = True
 
 
-def _block_spec(num_layers: int, hf_config=None):
-    """megatron's local GPT layer spec with :class:`RMSNorm` in every norm slot, for ``num_layers`` layers (with
-    ``hf_config``: its architecture's query / key norms and mixture-of-experts MLP)."""
+def _layer_spec(arch, experts: int | None):
+    """megatron's local GPT layer spec with :class:`RMSNorm` in every norm slot (``arch``'s query / key norms, or
+    multi-latent attention's ``q_layernorm`` / ``kv_layernorm``); a mixture-of-experts MLP with ``experts``."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    qk_norm = bool(arch is not None and arch.qk_norm)
+    mla = bool(arch is not None and arch.mla)
+    layer = get_gpt_layer_local_spec(num_experts=experts, qk_layernorm=qk_norm or mla, multi_latent_attention=mla,
+                                     normalization="RMSNorm")
+    sub = dataclasses.replace(layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm)
+    # multi-latent attention: its low-rank query / key-value norms, core attention and down projections
+    norms = {"q_layernorm": RMSNorm, "kv_layernorm": RMSNorm, **mla_submodules()} if mla else \
+        {"q_layernorm": HeadRMSNorm, "k_layernorm": HeadRMSNorm} if qk_norm else {}
+    if norms:
+        attn = sub.self_attention
+        sub = dataclasses.replace(sub, self_attention=dataclasses.replace(attn, submodules=dataclasses.replace(
+            attn.submodules, **norms)))
+    return dataclasses.replace(layer, submodules=sub)
+
+
+def _block_spec(num_layers: int, hf_config=None, offset: int = 0):
+    """The layer specs of ``num_layers`` decoder layers starting at global layer ``offset`` (with ``hf_config``:
+    each layer a mixture of experts or dense as its architecture says)."""
+    # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     arch = get_arch(hf_config) if hf_config is not None else None
     experts = num_experts(hf_config) if arch is not None and arch.experts else None
-    qk_norm = bool(arch is not None and arch.qk_norm)
-    layer = get_gpt_layer_local_spec(num_experts=experts, qk_layernorm=qk_norm, normalization="RMSNorm")
-    sub = dataclasses.replace(layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm)
-    if qk_norm:
-        attn = sub.self_attention
-        sub = dataclasses.replace(sub, self_attention=dataclasses.replace(attn, submodules=dataclasses.replace(
-            attn.submodules, q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm)))
-    layer = dataclasses.replace(layer, submodules=sub)
-    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
+    moe = [bool(experts) and arch.is_moe_layer(hf_config, offset + i) for i in range(num_layers)]
+    specs = {kind: _layer_spec(arch, experts if kind else None) for kind in set(moe)}
+    layers = [specs[kind] for kind in moe]
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=RMSNorm)
 
 
 def model_shapes(hf_config, tp: int) -> Shapes:
@@ -171,7 +188,7 @@ def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, 
     """megatron-core's ``TransformerConfig`` for ``hf_config``; ``overrides`` (the role's
     ``megatron.override_transformer_config``, checked by ``settings.transformer_overrides``) replace fields."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
     arch = get_arch(hf_config)
     shapes = model_shapes(hf_config, tp)
@@ -191,8 +208,9 @@ def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, 
         init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
     )
     fields.update(moe_transformer_fields(hf_config, arch))
+    fields.update(arch.transformer_fields(hf_config))
     fields.update(overrides or {})
-    return TransformerConfig(**fields)
+    return (MLATransformerConfig if arch.mla else TransformerConfig)(**fields)
 
 
 def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dtype: torch.dtype,
@@ -216,7 +234,8 @@ def build_gpt_model(hf_config, *, value_head: bool, sequence_parallel: bool, dty
     # to CUDA while building, which fails on CPU.
     model = GPTModel(config=config,
                      transformer_layer_spec=_block_spec(layout.layers_per_chunk(hf_config.num_hidden_layers),
-                                                       hf_config),
+                                                       hf_config,
+                                                       layout.chunk_offset(hf_config.num_hidden_layers, vp_stage)),
                      vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
                      max_sequence_length=int(hf_config.max_position_embeddings), pre_process=pre,
                      post_process=post, parallel_output=True,
@@ -261,7 +280,7 @@ def _local_rules(hf_config, layout: ParallelLayout, value_head: bool, chunk: int
                             value_head=value_head):
         out.append((rule.mcore, rule.hf, rule.kind))
     for i in range(per_stage):
-        for rule in layer_rules(arch, num_experts(hf_config)):
+        for rule in arch.rules_of_layer(hf_config, offset + i):
             mcore = rule.mcore
             if rule.expert >= 0:  # an expert: held by one expert-parallel rank, under its local index
                 owner, mcore = expert_owner(rule, hf_config, layout.ep)
@@ -302,25 +321,35 @@ def _load_chunk(chunk: nn.Module, v: int, vpp: int, model_dir: str, hf_config, v
     layout = ParallelLayout(vpp)
     shapes = model_shapes(hf_config, layout.tp)
     weights = HFWeights(model_dir)
+    arch = get_arch(hf_config)
     params = dict(chunk.named_parameters())
+    tensors = {**_weight_buffers(chunk), **params}
     seen = set()
     for name, hf_names, kind in _local_rules(hf_config, layout, value_head, v):
-        if name not in params:
+        if name not in tensors:
             continue
         if value_head and hf_names[0].startswith("score.") and hf_names[0] not in weights:
             params[name].zero_()
         else:
-            hf = [weights.get(h) for h in hf_names]
+            hf = [arch.to_mcore(hf_config, h, weights.get(h)) for h in hf_names]
             rank, size, _ = layout.cut(kind)
             local = shard(kind, hf, rank, size, shapes)
-            if tuple(local.shape) != tuple(params[name].shape):
+            if tuple(local.shape) != tuple(tensors[name].shape):
                 raise ValueError(f"{model_dir}: {hf_names} gives {tuple(local.shape)} for {name}, expected "
-                                 f"{tuple(params[name].shape)} (does config.json match the weights?)")
-            params[name].copy_(local.to(params[name].dtype))
+                                 f"{tuple(tensors[name].shape)} (does config.json match the weights?)")
+            tensors[name].copy_(local.to(tensors[name].dtype))
         seen.add(name)
     missing = [n for n in params if n not in seen]
     if missing:
         raise ValueError(f"the HF->Megatron map has no source for {missing}")
+
+
+_WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _weight_buffers(chunk: nn.Module) -> dict:
+    """Buffers that are checkpoint weights (DeepSeek's router ``expert_bias``: HF's ``e_score_correction_bias``)."""
+    return {n: b for n, b in chunk.named_buffers() if n.endswith("router.expert_bias")}
 
 
 def _broadcast_from(tensor: torch.Tensor | None, src_stage: int, layout: ParallelLayout, dtype) -> torch.Tensor:
@@ -334,12 +363,15 @@ def _broadcast_in(tensor: torch.Tensor | None, src: int, me: int, size: int, gro
         return tensor
     src_global = dist.get_global_rank(group, src)
     dev = collective_device(group)
-    header = torch.zeros(5, dtype=torch.int64, device=dev)
+    header = torch.zeros(6, dtype=torch.int64, device=dev)
     if me == src:
         header[0] = tensor.dim()
         header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
+        # a tensor kept in another dtype than the model's (DeepSeek's fp32 expert bias) travels as it is
+        header[5] = _WIRE_DTYPES.index(tensor.dtype) + 1 if tensor.dtype in _WIRE_DTYPES else 0
     dist.broadcast(header, src=src_global, group=group)
     shape = tuple(int(x) for x in header[1 : 1 + int(header[0])])
+    dtype = _WIRE_DTYPES[int(header[5]) - 1] if int(header[5]) else dtype
     buf = tensor.contiguous() if me == src else torch.empty(shape, dtype=dtype, device=dev)
     dist.broadcast(buf, src=src_global, group=group)
     return buf
@@ -369,12 +401,12 @@ def _walk_stages(chunks: list[nn.Module], hf_config, layout: ParallelLayout, sta
             out = _broadcast_from(t, stage, layout, dtype)
             if layout.pp_rank != stage:
                 stats["recv_bytes"] += out.numel() * out.element_size()
-            yield hf_name, out
+            yield hf_name, arch.to_hf(hf_config, hf_name, out)
 
     yield from emit(0, 0, "embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
     for g in range(hf_config.num_hidden_layers):
         stage, chunk, local_index = layout.owner(hf_config.num_hidden_layers, g)
-        for rule in layer_rules(arch, num_experts(hf_config)):
+        for rule in arch.rules_of_layer(hf_config, g):
             owner, mcore = expert_owner(rule, hf_config, layout.ep) if rule.expert >= 0 else (None, rule.mcore)
             yield from emit(stage, chunk, f"decoder.layers.{local_index}.{mcore}",
                             tuple(f"model.layers.{g}.{h}" for h in rule.hf), rule.kind, owner)
@@ -404,10 +436,11 @@ def iter_hf_params(model, hf_config, value_head: bool, stats: dict | None = None
     chunks = as_chunks(model)
     layout = ParallelLayout(len(chunks))
     shapes = model_shapes(hf_config, layout.tp)
-    params = [dict(c.named_parameters()) for c in chunks]
+    params = [{**_weight_buffers(c), **dict(c.named_parameters())} for c in chunks]
+    adapters = [weight_adapters(c) for c in chunks]  # LoRA: adapted weights go out merged, W + scale * B @ A
 
     def gathered(chunk: int, name: str, kind: str) -> list[torch.Tensor]:
-        local = params[chunk][name].detach()
+        local = merged_weight(adapters[chunk], name, params[chunk][name].detach())
         _, size, group = layout.cut(kind)  # experts: the expert tensor-parallel group
         if size == 1 or kind == "rep":
             return unshard(kind, [local], shapes)
@@ -439,6 +472,7 @@ def iter_hf_tp_shards(model, hf_config, vocab_range: tuple[int, int],
     layout = ParallelLayout(len(chunks))
     shapes = model_shapes(hf_config, layout.tp)
     params = [dict(c.named_parameters()) for c in chunks]
+    adapters = [weight_adapters(c) for c in chunks]  # LoRA: each rank's piece of W + scale * B @ A
     stats = stats if stats is not None else {}
     stats["recv_bytes"] = 0
     dev = collective_device(layout.tp_group)
@@ -463,7 +497,7 @@ def iter_hf_tp_shards(model, hf_config, vocab_range: tuple[int, int],
         return out
 
     def own_pieces(chunk: int, name: str, kind: str) -> list[torch.Tensor]:
-        local = params[chunk][name].detach()
+        local = merged_weight(adapters[chunk], name, params[chunk][name].detach())
         return [vocab_rows(local)] if kind == "vocab" else local_hf_pieces(kind, local, shapes, layout.tp)
 
     yield from _walk_stages(chunks, hf_config, layout, stats, own_pieces, value_head=False, tied_head=False)

@@ -190,7 +190,7 @@ def _check_experts(s: dict, hf_config, prefix: str) -> None:
             if key in s["raw"] and s["raw"][key] is not None and size not in (1, s["tp"]):
                 raise ValueError(f"{prefix}.{key}={size}: the model ({', '.join(archs)}) has no experts; expert "
                                  "parallelism needs a mixture-of-experts model (Qwen3MoeForCausalLM, "
-                                 f"Qwen2MoeForCausalLM); use {key}=1")
+                                 f"Qwen2MoeForCausalLM, DeepseekV3ForCausalLM); use {key}=1")
         return
     experts = num_experts(hf_config)
     if experts % s["ep"]:

@@ -46,6 +46,50 @@ class RouterReplayConfig(Section):
     replay_file: Optional[str] = key(None, "file the routing decisions are read from", unsupported=NO_MOE)
 
 
+MCORE_LORA = "verl/models/mcore/lora.py"
+NO_BRIDGE_LORA = "Megatron-Bridge's {} is not built here; the Megatron engine's LoRA is plain LoRA on the fused layers"
+
+
+@dataclass(frozen=True)
+class MegatronLoraConfig(Section):
+    """``model.lora``: LoRA of the Megatron engine (verl's Megatron keys; ``strategy=fsdp`` uses ``model.lora_rank``,
+    ``lora_alpha``, ``target_modules``). Adapters on megatron-core's tensor-parallel linear layers, base frozen;
+    the reference policy is the actor with its adapters off; the rollout gets the merged weights."""
+
+    type: str = key("lora", "lora | canonical_lora | dora | vlm_lora",
+                    choices=("lora", "canonical_lora", "dora", "vlm_lora"),
+                    unsupported=NO_BRIDGE_LORA.format("canonical_lora / dora / vlm_lora") + "; use lora")
+    rank: int = key(0, "LoRA rank (0: no LoRA) of the Megatron engine's adapters", ge=0, read_in=(MCORE_LORA,))
+    alpha: float = key(32, "LoRA scaling numerator (adapter output x alpha / rank)", gt=0, read_in=(MCORE_LORA,))
+    dropout: float = key(0.0, "dropout on the adapter's input (pre) or output (post)", ge=0, lt=1,
+                         read_in=(MCORE_LORA,))
+    target_modules: Optional[list] = key(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+                                         "layers that get adapters: linear_qkv, linear_proj, linear_fc1, linear_fc2 or "
+                                         "wildcards of the full name ('*.layers.0.*.linear_qkv')",
+                                         read_in=(MCORE_LORA,))
+    exclude_modules: Optional[list] = key([], "every LoRA layer except these (needs target_modules=[])",
+                                          read_in=(MCORE_LORA,))
+    dropout_position: str = key("pre", "dropout before (pre) or after (post) the low-rank product",
+                                choices=("pre", "post"), read_in=(MCORE_LORA,))
+    lora_A_init_method: str = key("xavier", "initial A: xavier (uniform) | kaiming (uniform, a=sqrt(5))",
+                                  choices=("xavier", "kaiming"), read_in=(MCORE_LORA,))
+    lora_B_init_method: str = key("zero", "initial B: zero (the LoRA model starts as the base model) | xavier | "
+                                  "kaiming", choices=("zero", "xavier", "kaiming"), read_in=(MCORE_LORA,))
+    a2a_experimental: bool = key(False, "Megatron-Bridge's all-to-all LoRA communication",
+                                 unsupported=NO_BRIDGE_LORA.format("all-to-all adapter communication") + "; use false")
+    dtype: Optional[str] = key(None, "adapter dtype (null: the model's)", read_in=(MCORE_LORA,))
+    adapter_path: Optional[str] = key(None, "pre-trained Megatron-Bridge adapter weights",
+                                      unsupported="Megatron-Bridge adapter checkpoints are not read; adapters start "
+                                                  "from lora_A/B_init_method (resume a run from its own checkpoint "
+                                                  "instead); leave null")
+    freeze_vision_model: bool = key(True, "vlm_lora: keep the vision model frozen",
+                                    inert="only type=vlm_lora reads it, and vlm_lora is not available")
+    freeze_vision_projection: bool = key(True, "vlm_lora: keep the vision projection frozen",
+                                         inert="only type=vlm_lora reads it, and vlm_lora is not available")
+    freeze_language_model: bool = key(True, "vlm_lora: keep the language model frozen",
+                                      inert="only type=vlm_lora reads it, and vlm_lora is not available")
+
+
 @dataclass(frozen=True)
 class ModelConfig(Section):
     """``actor_rollout_ref.model``: the policy checkpoint and how it is adapted (LoRA, checkpointing)."""
@@ -85,6 +129,18 @@ class ModelConfig(Section):
                                   read_in=(ENGINE,))
     fused_kernel_options: FusedKernelOptions = section(FusedKernelOptions)
     tiled_mlp: TiledMLPConfig = section(TiledMLPConfig)
+    lora: MegatronLoraConfig = section(MegatronLoraConfig, optional=True)
+
+    def __post_init__(self) -> None:
+        # one LoRA switch for every reader (the trainer's reference-in-actor, the workers, the rollout): with
+        # strategy=megatron LoRA is model.lora.rank, and lora_rank (the FSDP engine's key) follows it when unset.
+        # The validator refuses lora.rank > 0 with strategy=fsdp and a lora_rank that disagrees with it.
+        post = getattr(super(), "__post_init__", None)
+        if post is not None:
+            post()
+        rank = int(getattr(self.lora, "rank", 0) or 0) if self.lora is not None else 0
+        if rank > 0 and not self.lora_rank:
+            object.__setattr__(self, "lora_rank", rank)
 
 
 @dataclass(frozen=True)

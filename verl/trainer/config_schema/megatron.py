@@ -9,7 +9,9 @@ import importlib.util
 import os
 from operator import attrgetter
 
-from verl.models.mcore.settings import check_megatron_settings, optimizer_overrides, transformer_overrides
+from verl.models.mcore.lora import check_lora_settings
+from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, optimizer_overrides,
+                                       transformer_overrides)
 from verl.trainer.config_schema.ppo import PPOTrainerConfig, as_ppo_config
 from verl.utils.config import ConfigError
 from verl.utils.device import get_device_name
@@ -50,10 +52,15 @@ def _hf_config(path: str, trust: bool):
 
 def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerConfig | None = None) -> None:
     """Megatron keys only with strategy=megatron; sizes that divide the processes, heads and layers; a
-    supported architecture; one parallel grid per worker group; no LoRA; a Megatron reward model's own sizes; a
-    dist-checkpoint start's directory. ``typed``: the config's typed view, when the caller has built it."""
+    supported architecture; one parallel grid per worker group; LoRA through ``model.lora`` (not the FSDP engine's
+    ``model.lora_rank``); a Megatron reward model's own sizes; a dist-checkpoint start's directory. ``typed``: the config's typed view, when the caller has built it."""
     typed = as_ppo_config(config, typed)
     ar = typed.actor_rollout_ref
+    lora_rank = int(getattr(ar.model.lora, "rank", 0) or 0)
+    if lora_rank > 0 and ar.actor.strategy != "megatron":
+        raise ConfigError(f"{AR}.model.lora.rank={lora_rank}: model.lora.* is the Megatron engine's LoRA, but "
+                          f"{AR}.actor.strategy={ar.actor.strategy!r}; with fsdp set model.lora_rank / lora_alpha / "
+                          "target_modules (and leave model.lora.rank=0), or set actor.strategy=megatron")
     roles = [(f"{AR}.actor", ar.actor, f"{AR}.model.path"), (f"{AR}.ref", ar.ref, f"{AR}.model.path"),
              ("critic", typed.critic, "critic.model.path")]
     actor_megatron = ar.actor.strategy == "megatron"
@@ -77,8 +84,8 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
         if importlib.util.find_spec("megatron") is None:
             raise ConfigError(f"{prefix}.strategy=megatron needs megatron-core, which is not installed: "
                               f"`pip install .[mcore]` (or megatron-core 0.16), or set {prefix}.strategy=fsdp")
-        if int(ar.model.lora_rank or 0) > 0 and prefix != "critic":
-            raise ConfigError(f"{AR}.model.lora_rank > 0 is not available with strategy=megatron; use fsdp for LoRA")
+        if prefix == f"{AR}.actor":
+            _check_lora(ar.model)
         if ar.model.share_prompt_prefix is True and prefix != "critic":
             raise ConfigError(f"{AR}.model.share_prompt_prefix=true is not available with strategy=megatron (the "
                               "packed prompt rows are an FSDP engine path); set it to false")
@@ -106,7 +113,10 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
         if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
             trust = bool(ar.model.trust_remote_code)
             try:
-                check_megatron_settings(meg, _hf_config(str(path), trust), f"{prefix}.megatron", on_cpu=on_cpu)
+                hf_config = _hf_config(str(path), trust)
+                check_megatron_settings(meg, hf_config, f"{prefix}.megatron", on_cpu=on_cpu)
+                if prefix == f"{AR}.actor":  # LoRA layers the model has (no adapters on experts)
+                    check_lora_settings(ar.model.lora, hf_config, f"{AR}.model.lora")
             except ValueError as e:
                 raise ConfigError(f"{e} (model {path_key}={path})") from None
     if actor_megatron and _ref_used(typed) and ar.ref.strategy == "megatron":
@@ -150,6 +160,25 @@ def _check_megatron_reward_model(typed: PPOTrainerConfig, check_files: bool) -> 
             check_megatron_settings(meg, hf, f"{prefix}.megatron", on_cpu=on_cpu)
         except ValueError as e:
             raise ConfigError(f"{e} (model {prefix}.model.path={path})") from None
+
+
+def _check_lora(model) -> None:
+    """``model.lora`` with strategy=megatron: a rank given once (``model.lora_rank`` is the FSDP engine's key), and
+    values the Megatron engine builds (``verl.models.mcore.lora.check_lora_settings``)."""
+    rank = int(getattr(model.lora, "rank", 0) or 0)
+    if rank == 0 and int(model.lora_rank or 0) > 0:
+        raise ConfigError(f"{AR}.model.lora_rank={model.lora_rank} is the FSDP engine's LoRA key; with "
+                          f"strategy=megatron set {AR}.model.lora.rank (and lora.alpha, lora.target_modules ...)")
+    if rank > 0 and int(model.lora_rank or 0) != rank:
+        raise ConfigError(f"{AR}.model.lora_rank={model.lora_rank} and {AR}.model.lora.rank={rank} disagree; with "
+                          "strategy=megatron set only model.lora.rank")
+    if model.lora_adapter_path and rank > 0:
+        raise ConfigError(f"{AR}.model.lora_adapter_path (a PEFT adapter) is not read by the Megatron engine; "
+                          "leave it null with model.lora.rank > 0")
+    try:
+        check_lora_settings(model.lora, None, f"{AR}.model.lora", MEGATRON_DTYPES)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_dist_checkpoint(meg: dict, prefix: str, check_files: bool) -> None:

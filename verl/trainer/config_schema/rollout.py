@@ -9,6 +9,7 @@ from verl.trainer.config_schema.engine import DTYPES
 from verl.trainer.config_schema.places import ROLLOUT, SGLANG, SHARDING, VALIDATION, VLLM, WORKERS
 from verl.trainer.config_schema.profiler import RolloutProfilerConfig
 from verl.trainer.config_schema.spec import Registered, Section, key, section
+from verl.utils.rollout_trace import WEAVE_REFUSED
 from verl.workers.rollout import rollout_names
 
 ROLLOUT_NAMES = Registered(rollout_names)  # hf, vllm, sglang and every name given to register_rollout
@@ -91,18 +92,23 @@ class AgentConfig(Section):
     custom_async_server: CustomAsyncServer = section(CustomAsyncServer)
 
 
+TRACE = "verl/utils/rollout_trace.py"  # with AGENT_LOOP: where the trace keys are read
+
+
+def trace_backend_ok(value) -> bool:
+    return value == "mlflow"  # its packages are checked before the workers start (check_agent_loop_config)
+
+
 @dataclass(frozen=True)
 class TraceConfig(Section):
-    """``rollout.trace``: verl's agent-loop tracing (weave / mlflow)."""
+    """``rollout.trace``: verl's agent-loop tracing, each episode a trace (verl/utils/rollout_trace.py)."""
 
-    backend: Optional[str] = key(None, "tracing backend for agent-loop episodes", choices=(None, "weave", "mlflow"),
-                                 unsupported="rollout tracing is not available; per-episode metrics are logged "
-                                             "(agent_loop/*, num_turns/*) and trainer.rollout_data_dir dumps the "
-                                             "samples; leave it null")
-    token2text: bool = key(False, "decode token ids in traces",
-                           unsupported="rollout tracing is not available; leave false")
-    max_samples_per_step_per_worker: Optional[int] = key(None, "traced samples per step and worker", ge=0,
-                                                         unsupported="rollout tracing is not available; leave null")
+    backend: Optional[str] = key(None, "tracing backend for agent-loop episodes (mlflow: local store, "
+                                       "$MLFLOW_TRACKING_URI or ./mlflow.db)", choices=(None, "weave", "mlflow"),
+                                 ok=trace_backend_ok, unsupported=WEAVE_REFUSED, read_in=(TRACE, AGENT_LOOP))
+    token2text: bool = key(False, "decode token ids in traces", read_in=(TRACE, AGENT_LOOP))
+    max_samples_per_step_per_worker: Optional[int] = key(None, "traced samples per step and worker (null: all)",
+                                                         ge=0, read_in=(TRACE, AGENT_LOOP))
 
 
 NO_PROMETHEUS = ("the engines run inside the workers, without an HTTP server for Prometheus to scrape; rollout "

@@ -52,7 +52,7 @@ from verl.utils.import_utils import import_external_libs, load_plugins
 from verl.utils.tracking import check_backend_packages
 from verl.utils.ulysses import check_ulysses_config
 from verl.workers.engine.registry import engine_workers
-from verl.workers.rollout.layout import check_rollout_parallel
+from verl.workers.rollout.layout import check_rollout_architecture, check_rollout_parallel
 
 __all__ = ["ConfigError", "PPOPlan", "validate_ppo_config", "typed_ppo_config", "need_critic"]
 
@@ -493,6 +493,8 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
                                        typed.actor_rollout_ref.rollout.tensor_model_parallel_size),
                                workers=n_gpus,
                                model_path=typed.actor_rollout_ref.model.path if check_files else None)
+        check_rollout_architecture(name=rollout_name, device=device,
+                                   model_path=typed.actor_rollout_ref.model.path if check_files else None)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if check_files:

@@ -28,9 +28,6 @@ class HFModelConfig(ModelConfig, CheckedSection):
 
     load_tokenizer: bool = key(True, "load the tokenizer and processor (false: only the model config is read)",
                                read_in=(HERE,))
-    lora: dict = key({}, "Megatron LoRA settings (type, rank, alpha, target_modules ...)",
-                     unsupported="LoRA trains with the FSDP engine (model.lora_rank, lora_alpha, target_modules); "
-                                 "leave it empty")
 
     # ------------------------------------------------------------------ derived, computed on first read
     @property

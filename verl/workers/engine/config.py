@@ -98,6 +98,7 @@ class EngineConfig:
     freeze_vision_tower: bool = False  # actor.freeze_vision_tower: a VLM's vision encoder gets no updates
     entropy_chunk_rows: int = 0  # <role>.entropy_from_logits_with_chunking: logit rows per entropy chunk (0: all)
     lora_adapter_path: str | None = None  # model.lora_adapter_path: a saved PEFT adapter trained further
+    lora: dict = field(default_factory=dict)  # model.lora.* (strategy=megatron: LoRA on the tensor-parallel layers)
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
@@ -165,7 +166,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         fused_chunk_size=_fused_chunk_size(actor.use_fused_kernels),  # the actor's key follows the model's
         use_torch_compile=actor.use_torch_compile and actor.fsdp_config.use_torch_compile,
         freeze_vision_tower=actor.freeze_vision_tower, lora_adapter_path=model.lora_adapter_path,
-        entropy_chunk_rows=_entropy_chunk_rows(actor),
+        entropy_chunk_rows=_entropy_chunk_rows(actor), lora=_plain_value(model.lora),
         **_weights(model, actor.fsdp_config),
     )
 

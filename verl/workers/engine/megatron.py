@@ -9,13 +9,18 @@ offload keys are no-ops on CPU (the weights already live
 in host memory). Keys megatron-core cannot honour here (context parallelism; expert parallelism for a dense
 model) are refused naming the key.
 
-Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE; see ``verl.models.mcore.experts``): megatron-core's MoE layer
+Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, DeepSeek-V3 / Moonlight with multi-latent attention: see
+``verl.models.mcore.experts`` and ``verl.models.mcore.deepseek_v3``): megatron-core's MoE layer
 with ``expert_model_parallel_size`` (EP) expert groups, each expert cut over ``expert_tensor_parallel_size`` ranks
 (default: the TP size); tokens reach their experts by all-to-all (or all-gather, ``moe_token_dispatcher_type``).
 Expert gradients are averaged over the ranks holding the same experts (megatron's expert data-parallel group),
 the gradient norm adds the experts over the expert-parallel ranks; with EP > 1 the optimizer state is not sharded
 (ZeRO's broadcast would overwrite the experts other data-parallel ranks hold). Their weights go to the rollout as
 full per-expert HF tensors (``mlp.experts.<e>.*_proj.weight``).
+
+LoRA (``model.lora.rank > 0``, verl's Megatron keys; :mod:`verl.models.mcore.lora`): adapters on the
+tensor-parallel linear layers, the base frozen and only the adapters in the optimizer; :meth:`disable_adapter` runs
+the base model (the reference policy); the weight export merges ``W + alpha / rank * B @ A`` per rank's piece.
 
 How a micro-batch runs: each row is shifted so its valid tokens start at column 0 (left-padded prompts and
 right-padded responses are contiguous), which makes rotary positions equal the HF ``position_ids`` and the
@@ -55,6 +60,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from transformers import AutoConfig
 
 from verl.models.mcore.dist_ckpt import load_dist_weights
+from verl.models.mcore.lora import adapters_disabled, apply_lora, check_lora_settings, save_lora_settings
 from verl.models.mcore.model import (ParallelLayout, as_chunks, build_model_chunks, iter_hf_params, iter_hf_tp_shards,
                                      load_hf_weights)
 from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, megatron_settings,
@@ -85,7 +91,7 @@ class MegatronEngine(TrainEngine):
 
     def __init__(self, model, hf_config, *, value_head: bool, optimizer=None, lr_scheduler=None, grad_clip=None,
                  sequence_parallel: bool = False, checkpoint_config=None, tokenizer=None, name: str = "engine",
-                 model_path: str | None = None, fused_chunk_size: int = 0):
+                 model_path: str | None = None, fused_chunk_size: int = 0, lora=None):
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
@@ -117,6 +123,7 @@ class MegatronEngine(TrainEngine):
         self._expert_mp_group = ps.get_expert_tensor_model_pipeline_parallel_group()
         self._checkpointer = None
         self._has_experts = any(getattr(p, "is_expert", False) for p in self.module.parameters())
+        self.lora = lora  # verl.models.mcore.lora.LoraSettings when the model carries LoRA adapters (else None)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -125,9 +132,10 @@ class MegatronEngine(TrainEngine):
         hf_config = _hf_config(config)
         on_cpu = get_device_name() == "cpu"
         check_megatron_settings(config.megatron, hf_config, f"{config.name}.megatron", on_cpu=on_cpu)
-        if config.lora_rank > 0:
-            raise ValueError(f"{config.name}: LoRA (model.lora_rank={config.lora_rank}) is not available with "
-                             "strategy=megatron; use strategy=fsdp for LoRA")
+        lora = check_lora_settings(config.lora, hf_config, f"{config.name}: model.lora", MEGATRON_DTYPES)
+        if (config.lora_rank > 0 and lora is None) or config.lora_adapter_path:
+            raise ValueError(f"{config.name}: model.lora_rank / lora_adapter_path are the FSDP engine's (peft) LoRA keys; "
+                             "with strategy=megatron set model.lora.rank (and lora.alpha, lora.target_modules ...)")
         init_model_parallel(s["tp"], s["pp"], s["seed"], owner=config.name, ep=s["ep"], etp=s["etp"])
         dtype = MEGATRON_DTYPES[str(s["dtype"] or config.model_dtype)]
         # a critic's value head and a reward model's score head: the same replicated scalar head (score.weight, one
@@ -141,6 +149,8 @@ class MegatronEngine(TrainEngine):
                               key=f"{config.name}.megatron.dist_checkpointing_path")
         else:
             load_hf_weights(model, config.model_path, hf_config, value_head)
+        if lora is not None:  # base weights frozen, adapters (B = 0 by default) the only trainable parameters
+            apply_lora(model, hf_config, lora, s["seed"], MEGATRON_DTYPES[lora.dtype] if lora.dtype else None)
         model = model[0] if len(model) == 1 else nn.ModuleList(model)
         trainable = config.optim is not None
         optimizer = scheduler = None
@@ -169,7 +179,7 @@ class MegatronEngine(TrainEngine):
         return cls(model, hf_config, value_head=value_head, optimizer=optimizer, lr_scheduler=scheduler,
                    grad_clip=config.grad_clip, sequence_parallel=s["sequence_parallel"],
                    checkpoint_config=config.checkpoint, tokenizer=tokenizer, name=config.name,
-                   model_path=config.model_path, fused_chunk_size=config.fused_chunk_size)
+                   model_path=config.model_path, fused_chunk_size=config.fused_chunk_size, lora=lora)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -465,6 +475,12 @@ class MegatronEngine(TrainEngine):
 
     def save_checkpoint(self, local_path: str, global_step: int = 0, max_ckpt_to_keep: int | None = None) -> None:
         self._checkpoints().save(local_path, global_step, max_ckpt_to_keep)
+        if self.lora is not None and dist.get_rank() == 0:  # the model merger rebuilds the adapters from it
+            save_lora_settings(self.lora, local_path)
+
+    def disable_adapter(self):
+        """Within the block the model runs without its LoRA adapters: the base model (LoRA's reference policy)."""
+        return adapters_disabled(self.chunks)
 
     def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None:
         self._checkpoints().load(local_path, del_local_after_load)

