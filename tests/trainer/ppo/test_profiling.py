@@ -3,6 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
+from verl.trainer.config_schema.ppo import as_ppo_config
 from verl.trainer.ppo.profiling import ProfilingMixin
 
 
@@ -20,6 +21,7 @@ class FakeGroup:
 class Trainer(ProfilingMixin):
     def __init__(self, steps, continuous=False):
         self.config = OmegaConf.create({"global_profiler": {"steps": steps, "profile_continuous_steps": continuous}})
+        self.typed_config = as_ppo_config(self.config)  # what RayPPOTrainer reads (schema defaults elsewhere)
         self.log = []
         self.actor_rollout_wg = FakeGroup(self.log, "actor_rollout")
         self.ref_policy_wg = self.actor_rollout_wg  # LoRA: the reference is the actor's own group

@@ -57,14 +57,20 @@ def _rank(rank, world, model_dir, ckpt, out_dir, tp, pp):
         torch.save(results, os.path.join(out_dir, "out.pt"))
 
 
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist_ckpt")
     model_dir = make_model_dir(str(tmp / "model"), seed=0, tie=True)
     ckpt = str(tmp / "mcore")
+    # one process of its own: a rank / world size another test left in this process's environment would make the
+    # converter join a torchrun group that does not exist
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
     proc = subprocess.run([sys.executable, "-m", "verl.models.mcore.converter_hf_to_mcore", "--hf_model_path",
                            model_dir, "--output_path", ckpt, "--test"], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO, HF_HUB_OFFLINE="1", VERL_DEVICE="cpu"), timeout=300)
+                          env=dict(env, PYTHONPATH=REPO, HF_HUB_OFFLINE="1", VERL_DEVICE="cpu"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "every weight equals the HF file" in proc.stdout
     assert os.path.isfile(os.path.join(ckpt, "metadata.json"))
