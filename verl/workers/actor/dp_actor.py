@@ -42,12 +42,12 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.trainer.ppo.rollout_corr import reinforce_is_loss, truncated_is_weights
-from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.padding import response_mask
 from verl.utils.torch_functional import CHECKPOINT_ENTROPY
 from verl.workers.actor.base import BasePPOActor
-from verl.workers.config import ActorConfig, config_class_for
+from verl.workers.config import ActorConfig
+from verl.workers.config.roles import typed_section
 from verl.workers.config_utils import PPOBatchSizes
 from verl.workers.engine import FSDPEngine, LossContext, MicroBatchSpec, TrainEngine, TrainSpec
 from verl.workers.engine.hf_forward import forward_log_probs
@@ -58,9 +58,7 @@ __all__ = ["DataParallelPPOActor", "forward_log_probs", "PolicyLoss", "typed_act
 def typed_actor_config(config) -> ActorConfig:
     """``config`` (the ``actor_rollout_ref.actor`` or ``.ref`` section: a Hydra node, a dict or None) as the typed
     actor config of its strategy (``FSDPActorConfig`` / ``McoreActorConfig``); a typed one is returned as it is."""
-    if isinstance(config, ActorConfig):
-        return config
-    return omega_conf_to_dataclass(config, config_class_for("actor_rollout_ref.actor", config))
+    return typed_section(config, "actor_rollout_ref.actor")
 
 
 class PolicyLoss:

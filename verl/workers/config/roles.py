@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Optional
+
+from omegaconf import DictConfig
 
 from verl.trainer.config_schema.actor import RefConfig
 from verl.trainer.config_schema.ppo import ActorRolloutRefConfig
@@ -27,7 +30,8 @@ from verl.workers.config.model import HFModelConfig
 from verl.workers.config.reward_model import RewardModelConfig
 from verl.workers.config.rollout import RolloutConfig
 
-__all__ = ["typed_section", "ActorRolloutRefSections", "actor_rollout_ref_sections", "critic_sections", "reward_model_sections"]
+__all__ = ["typed_section", "child_section", "ActorRolloutRefSections", "actor_rollout_ref_sections", "critic_sections",
+           "reward_model_sections"]
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,11 @@ class ActorRolloutRefSections:
     nccl_timeout: int
 
 
-def _child(section: Any, name: str) -> Any:
-    if section is None:
-        return None
-    return getattr(section, name) if dataclasses.is_dataclass(section) else section.get(name)
+def child_section(section: Any, name: str) -> Any:
+    """The section ``name`` of a group of sections (a DictConfig or mapping, a typed object, or None)."""
+    if isinstance(section, (DictConfig, Mapping)):
+        return section.get(name)
+    return getattr(section, name, None)
 
 
 def _schema_default(cls: type, name: str) -> Any:
@@ -78,15 +83,15 @@ def actor_rollout_ref_sections(section: Any, total_training_steps: Optional[int]
     ``optim.total_training_steps``."""
     if isinstance(section, ActorRolloutRefSections):
         return section
-    actor = typed_section(_child(section, "actor"), "actor_rollout_ref.actor")
-    ref = _child(section, "ref")
-    timeout = _child(section, "nccl_timeout")
+    actor = typed_section(child_section(section, "actor"), "actor_rollout_ref.actor")
+    ref = child_section(section, "ref")
+    timeout = child_section(section, "nccl_timeout")
     return ActorRolloutRefSections(
-        model=typed_section(_child(section, "model"), "actor_rollout_ref.model"),
+        model=typed_section(child_section(section, "model"), "actor_rollout_ref.model"),
         actor=_with_total_steps(actor, total_training_steps),
         ref=typed_section(ref, "actor_rollout_ref.actor"),
         ref_log_prob=ref if isinstance(ref, RefConfig) else omega_conf_to_dataclass(ref, RefConfig),
-        rollout=typed_section(_child(section, "rollout"), "actor_rollout_ref.rollout"),
+        rollout=typed_section(child_section(section, "rollout"), "actor_rollout_ref.rollout"),
         nccl_timeout=int(timeout) if timeout is not None else _schema_default(ActorRolloutRefConfig, "nccl_timeout"),
     )
 

@@ -16,10 +16,10 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
-from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.padding import response_mask
 from verl.utils.torch_functional import masked_mean
-from verl.workers.config import CriticConfig, config_class_for
+from verl.workers.config import CriticConfig
+from verl.workers.config.roles import typed_section
 from verl.workers.config_utils import PPOBatchSizes
 from verl.workers.critic.base import BasePPOCritic
 from verl.workers.engine import FSDPEngine, MicroBatchSpec, TrainEngine, TrainSpec
@@ -31,9 +31,7 @@ __all__ = ["DataParallelPPOCritic", "forward_values", "ValueLoss", "typed_critic
 def typed_critic_config(config) -> CriticConfig:
     """``config`` (the ``critic`` section: a Hydra node, a dict or None) as the typed critic config of its strategy
     (``FSDPCriticConfig`` / ``McoreCriticConfig``); a typed one is returned as it is."""
-    if isinstance(config, CriticConfig):
-        return config
-    return omega_conf_to_dataclass(config, config_class_for("critic", config))
+    return typed_section(config, "critic")
 
 
 class ValueLoss:

@@ -24,7 +24,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.fs import copy_to_local
 from verl.utils.torch_functional import ENTROPY_CHUNK_ROWS
 from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
-from verl.workers.config.roles import typed_section
+from verl.workers.config.roles import child_section, typed_section
 
 __all__ = ["EngineConfig", "plain", "typed_section", "actor_engine_config", "ref_engine_config",
            "critic_engine_config", "reward_engine_config", "sft_engine_config", "training_worker_engine_config",
@@ -39,13 +39,6 @@ def plain(value: Any) -> Any:
     if isinstance(value, (DictConfig, ListConfig)):
         return OmegaConf.to_container(value, resolve=True)
     return value
-
-
-def _sub(group: Any, name: str) -> Any:
-    """The section ``name`` of a group of sections (``actor_rollout_ref``: a DictConfig, dict or object)."""
-    if isinstance(group, (DictConfig, dict)):
-        return group.get(name)
-    return getattr(group, name, None)
 
 
 def _fields(section: Any) -> dict:
@@ -151,8 +144,8 @@ def _fused_chunk_size(fused: bool) -> int:
 
 def actor_engine_config(arr_cfg: Any) -> EngineConfig:
     """The trainable policy of ``actor_rollout_ref`` (``model`` + ``actor``)."""
-    model = typed_section(_sub(arr_cfg, "model"), f"{AR}.model")
-    actor = typed_section(_sub(arr_cfg, "actor"), f"{AR}.actor")
+    model = typed_section(child_section(arr_cfg, "model"), f"{AR}.model")
+    actor = typed_section(child_section(arr_cfg, "actor"), f"{AR}.actor")
     return EngineConfig(
         name="actor", strategy=actor.strategy, model_kind="causal_lm",
         enable_gradient_checkpointing=model.enable_gradient_checkpointing,
@@ -174,9 +167,9 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
 def ref_engine_config(arr_cfg: Any) -> EngineConfig:
     """The frozen reference policy: ``model`` + ``ref`` (its ``fsdp_config``, sizes and compile switch); padding
     handling follows the actor."""
-    model = typed_section(_sub(arr_cfg, "model"), f"{AR}.model")
-    actor = typed_section(_sub(arr_cfg, "actor"), f"{AR}.actor")
-    ref = typed_section(_sub(arr_cfg, "ref"), f"{AR}.ref")
+    model = typed_section(child_section(arr_cfg, "model"), f"{AR}.model")
+    actor = typed_section(child_section(arr_cfg, "actor"), f"{AR}.actor")
+    ref = typed_section(child_section(arr_cfg, "ref"), f"{AR}.ref")
     return EngineConfig(name="ref", strategy=ref.strategy, model_kind="causal_lm",
                         use_remove_padding=actor.use_remove_padding, megatron=_megatron(ref),
                         ulysses_sequence_parallel_size=ref.ulysses_sequence_parallel_size,
