@@ -18,6 +18,8 @@ PKG = ROOT / "verl"
 LAYERS = {
     "verl.utils": 0, "verl._protocol": 1, "verl.protocol": 1, "verl.single_controller": 2,
     "verl.models": 3, "verl.workers": 3, "verl.trainer": 4, "verl.model_merger": 4,
+    # the agent loop composes rollouts, tools and interactions above the workers: workers name it, never import it
+    "verl.experimental": 4,
 }
 # verl keeps its algorithm library (advantages, policy losses, KL, rollout correction) under trainer/ppo: workers
 # and recipes import it from there. These modules are pure functions on tensors and sit in the workers' layer:
@@ -187,6 +189,31 @@ def test_dependencies_point_one_way():
             if other is not None and other > own:
                 bad.append(f"{mod} (layer {own}) imports {dep} (layer {other})")
     assert not bad, "imports pointing up the layers:\n" + "\n".join(sorted(bad))
+
+
+# The typed config (verl.workers.config and the schema sections it is built on) sits below the worker modules: it
+# reads only utils, itself and the registries whose names are valid values (light modules: names -> "module:Class").
+CONFIG = ("verl.workers.config",)
+REGISTRIES = {"verl.workers.engine.registry": "strategy names (register_engine)",
+              "verl.workers.rollout": "rollout names (register_rollout); the package imports no engine at load"}
+
+
+def _is_config(mod: str) -> bool:
+    return mod in SCHEMA_SECTIONS or any(mod == c or mod.startswith(c + ".") for c in CONFIG)
+
+
+def test_config_does_not_import_workers():
+    bad, registries = [], set()
+    for mod, deps in graph().items():
+        if not _is_config(mod):
+            continue
+        for dep in deps:
+            if dep in REGISTRIES:
+                registries.add(dep)
+            elif not (_is_config(dep) or layer(dep) is not None and layer(dep) < 3):
+                bad.append(f"{mod} imports {dep}")
+    assert not bad, "the config imports worker (or higher) modules:\n" + "\n".join(sorted(bad))
+    assert registries == set(REGISTRIES), f"REGISTRIES lists modules the config no longer reads: {set(REGISTRIES) - registries}"
 
 
 def _is_optional(name: str) -> bool:

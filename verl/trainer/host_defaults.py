@@ -47,6 +47,7 @@ the config as written (:func:`_as_written`): the typed view no longer shows it.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -176,9 +177,13 @@ def _weights_bytes(model_path) -> int:
     return sum(os.path.getsize(f) for f in files)
 
 
+@functools.lru_cache(maxsize=1)
 def _shipped_defaults() -> DictConfig:
-    """The shipped ppo_trainer.yaml as written (it has no defaults list to compose; works inside a Hydra app)."""
-    return OmegaConf.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "ppo_trainer.yaml"))
+    """The shipped ppo_trainer.yaml as written (it has no defaults list to compose; works inside a Hydra app).
+    Read once per process, read-only: every decision compares against the same file."""
+    defaults = OmegaConf.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config", "ppo_trainer.yaml"))
+    OmegaConf.set_readonly(defaults, True)
+    return defaults
 
 
 def _as_written(config: DictConfig, key: str, explicit: set[str], defaults: DictConfig) -> str | None:

@@ -16,7 +16,6 @@ critic (and reward model) on the other half (verl's split-placement example).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from operator import attrgetter
@@ -34,6 +33,7 @@ from verl.trainer.config_schema.profiler import PROFILED_ROLES
 from verl.trainer.config_schema.spec import build, specs
 from verl.trainer.host_defaults import explicit_override_keys, resolve_host_defaults
 from verl.utils.config import ConfigError, check_overrides
+from verl.utils.import_utils import load_class
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 EXIT_CONFIG_ERROR = 2
@@ -272,8 +272,8 @@ class NamedTaskRunner:
     trainer or the workers."""
 
     def __init__(self, target: str):
-        module, _, self.name = target.partition(":")
-        self.runner = getattr(importlib.import_module(module), self.name)()
+        self.name = target.rpartition(":")[2]
+        self.runner = load_class(target)()
 
     def __repr__(self) -> str:  # Ray prefixes the actor's log lines with it: "(TaskRunner pid=...)"
         return self.name

@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["is_vllm_available", "is_sglang_available", "is_megatron_core_available", "is_trl_available",
            "is_nvtx_available", "import_external_libs", "load_plugins", "import_user_modules", "PLUGIN_GROUP",
-           "load_module", "load_extern_type", "load_extern_object",
+           "load_class", "load_module", "load_extern_type", "load_extern_object",
            "deprecated"]
 
 
@@ -85,6 +85,15 @@ def import_user_modules(external_libs: str | list[str] | None = None) -> None:
     calls it before the config check and every worker before it builds an engine or a rollout."""
     load_plugins()
     import_external_libs(external_libs)
+
+
+def load_class(target: Any) -> Any:
+    """``target`` itself, or the object a ``"package.module:Name"`` (or ``"package.module.Name"``) string names,
+    imported now: how a lower layer names a default that lives in a higher one without importing it."""
+    if not isinstance(target, str):
+        return target
+    module, _, name = target.partition(":") if ":" in target else target.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def load_module(module_path: str, module_name: str | None = None):

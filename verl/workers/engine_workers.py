@@ -31,16 +31,16 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from verl.experimental.agent_loop import AgentLoopWorker
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.utils.device import get_device_name
-from verl.utils.import_utils import import_user_modules
+from verl.utils.import_utils import import_user_modules, load_class
 from verl.utils.model import check_model_dir, compute_position_id_with_mask, get_generation_config
 from verl.utils.profiler import DistProfiler, DistProfilerExtension
 from verl.utils.rollout_trace import trainer_run_names
@@ -70,6 +70,8 @@ __all__ = ["ActorRolloutRefWorker", "AsyncActorRolloutRefWorker", "CriticWorker"
 
 logger = logging.getLogger(__name__)
 
+# rollout.mode=async: verl's agent loop runs the episodes (named, not imported: it sits in a higher layer)
+AGENT_LOOP = "verl.experimental.agent_loop:AgentLoopWorker"
 _ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 # training-engine calls follow the data-parallel rank: with Ulysses sequence parallel (sp > 1) the sp ranks of one
 # group get the same rows and the first of them returns the group's result (sp = 1: one chunk per rank, as ever)
@@ -117,8 +119,12 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
     Per-device batch sizes are derived once in ``__init__`` (errors name the key that does not divide).
     """
 
-    def __init__(self, config, role: str, typed: ActorRolloutRefSections | None = None, **kwargs):
+    def __init__(self, config, role: str, typed: ActorRolloutRefSections | None = None,
+                 agent_loop: Any = None, **kwargs):
         super().__init__()
+        # ``rollout.mode=async``: the class that runs the episodes (verl's agent loop unless the composing trainer
+        # passes another), as a class or "module:Class", imported on first use
+        self._agent_loop_cls = agent_loop or AGENT_LOOP
         if role not in _ROLES:
             raise ValueError(f"ActorRolloutRefWorker: role={role!r} is not one of {_ROLES}")
         self._run_names = trainer_run_names(config)  # the section sent still belongs to the whole config
@@ -340,7 +346,7 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
             return DataProto(meta_info=dict(prompts.meta_info))
         if getattr(self, "_agent_loop_worker", None) is None:
             self._engine_leader = None if group is None else EngineGroupLeader(self.rollout, group, leader)
-            self._agent_loop_worker = AgentLoopWorker(self.config, self._engine_leader or self.rollout,
+            self._agent_loop_worker = load_class(self._agent_loop_cls)(self.config, self._engine_leader or self.rollout,
                                                       self.tokenizer, run_names=self._run_names)
         try:
             return self._agent_loop_worker.generate_sequences(prompts)

@@ -7,8 +7,9 @@ config. verl's own engines are named here by module and imported on first use.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from verl.utils.import_utils import load_class
 
 __all__ = ["ENGINES", "WORKERS", "register_engine", "get_engine_cls", "engine_names", "engine_workers"]
 
@@ -63,8 +64,7 @@ def get_engine_cls(strategy: str) -> Any:
     except KeyError:
         raise ValueError(_unknown(strategy)) from None
     if isinstance(entry, str):
-        module, _, name = entry.partition(":")
-        entry = ENGINES[strategy] = getattr(importlib.import_module(module), name)
+        entry = ENGINES[strategy] = load_class(entry)
     return entry
 
 
