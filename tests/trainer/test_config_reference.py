@@ -29,4 +29,5 @@ def test_reference_lists_every_ppo_key_with_its_default_and_status():
             assert f"follows `{spec.follows}`" in row, row
         elif isinstance(spec.default, (bool, int, float)) and not isinstance(spec.default, bool):
             assert f"`{spec.default}`" in row, row
-        assert ("honoured" if spec.honoured else "no effect" if spec.inert else "default only") in row
+        assert ("honoured" if spec.honoured else "no effect" if spec.inert else "some values" if spec.ok
+                else "default only") in row

@@ -375,10 +375,16 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
         if not self._is_actor:
             raise RuntimeError(f"compute_log_prob needs an actor role; this worker has role={self.role!r}")
         self._log_prob_meta(data, "rollout")
-        log_probs, entropys = self.actor.compute_log_prob(data=data, calculate_entropy=True)
+        # router replay (actor.router_replay.mode=R2): the experts every token was routed to in this pass go into
+        # the batch beside old_log_probs, and update_actor computes with them (verl.models.mcore.router_replay)
+        record = self.actor.replays_routing
+        scored = self.actor.compute_log_prob(data=data, calculate_entropy=True, record_routing=record)
+        log_probs, entropys = scored[:2]
         tensors = {"old_log_probs": log_probs}
         if entropys is not None:
             tensors["entropys"] = entropys
+        if record:
+            tensors["routed_experts"] = scored[2]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=_ACTOR_DP)

@@ -1,5 +1,5 @@
-"""LoRA adapters on megatron-core's tensor-parallel linear layers (``actor_rollout_ref.model.lora.*``, verl's keys
-for the Megatron path).
+"""LoRA adapters on megatron-core's tensor-parallel linear layers, the experts' included
+(``actor_rollout_ref.model.lora.*``, verl's keys for the Megatron path).
 
 Each targeted layer (``linear_qkv``, ``linear_proj``, ``linear_fc1``, ``linear_fc2`` of the local layer spec) keeps
 its frozen weight ``W`` and gains an ``adapter`` child holding ``lora_A`` (rank x in) and ``lora_B`` (out x rank);
@@ -23,8 +23,28 @@ seeded by the run's seed and the layer's global name, then each rank keeps its p
 generator (the same on every tensor rank, as megatron's hidden dropout), on split ones with megatron's
 tensor-parallel generator.
 
+Mixture-of-experts models (megatron-core's ``SequentialMLP``: one ``MLP`` per local expert, which is what the
+engine's local layer spec builds): ``linear_fc1`` / ``linear_fc2`` name every routed expert's layers as well as a
+dense MLP's and a shared expert's, so verl's default ``target_modules`` adapts them all. Each routed expert gets its
+own ``lora_A`` / ``lora_B`` pair, matched and seeded under its *global* name
+``decoder.layers.<layer>.mlp.experts.local_experts.<global expert>.<layer name>`` (an expert-parallel rank builds
+adapters only for the experts it holds; the initial values do not depend on the expert-parallel size). Expert
+adapters are ``is_expert`` parameters: their gradients are summed over the expert data-parallel group as the
+experts' own. Under expert tensor parallelism (ETP > 1) an expert's layers do no communication of their own (the
+token dispatcher all-gathers their input over the expert tensor group and reduce-scatters their output), so the
+adapters do none in forward either: ``fc1``'s ``B`` is cut by rows (gate block and up block, as the weight) with
+``A`` whole, ``fc2``'s ``A`` by columns with ``B`` whole (its partial products are summed by the dispatcher with
+the layer's); the whole matrix's gradient is each rank's share, summed over the expert tensor group in backward.
+Adapter dropout on the experts uses megatron's expert-parallel generator and is refused with ETP > 1 (the whole
+activations there would need one mask on every expert tensor rank). The router, the shared expert's gate and a
+grouped-GEMM expert layer (stacked expert weights) get no adapters; a target that would adapt a grouped one is
+refused.
+
 :func:`merged_weight` gives a rank's piece of ``W + scale * B @ A`` for an adapted weight (the merge is per row /
-column block), which the HF weight export gathers and converts as it does any weight; :func:`adapters_disabled` runs the base model (the reference policy).
+column block), which the HF weight export gathers and converts as it does any weight (an expert's over the expert
+tensor group, then from its expert-parallel rank); :func:`adapters_disabled` runs the base model (the reference
+policy). A gated ``linear_fc1``'s ``lora_B`` is checkpointed as megatron checkpoints the weight (gate and up halves
+as separate global blocks), so a checkpoint loads at any tensor / expert layout, the model merger's included.
 """
 
 from __future__ import annotations
@@ -42,9 +62,10 @@ import torch
 from torch import nn
 
 from verl.models.mcore import get_arch
+from verl.models.mcore.convert import num_experts
 
-__all__ = ["LORA_TARGETS", "LORA_FILE", "LoraSettings", "lora_settings", "check_lora_settings", "apply_lora",
-           "weight_adapters", "merged_weight", "adapters_disabled", "lora_adapters", "save_lora_settings",
+__all__ = ["LORA_TARGETS", "LORA_FILE", "LoraSettings", "lora_settings", "check_lora_settings", "adapts_experts",
+           "apply_lora", "weight_adapters", "merged_weight", "adapters_disabled", "lora_adapters", "save_lora_settings",
            "load_lora_settings"]
 
 COLUMN = ("linear_qkv", "linear_fc1")
@@ -118,9 +139,11 @@ def lora_settings(cfg) -> LoraSettings | None:
                         dtype=None if get("dtype", None) is None else str(get("dtype")))
 
 
-def check_lora_settings(cfg, hf_config, prefix: str, dtypes: Mapping | None = None) -> LoraSettings | None:
+def check_lora_settings(cfg, hf_config, prefix: str, dtypes: Mapping | None = None,
+                        megatron: Mapping | None = None) -> LoraSettings | None:
     """Refuse, naming ``<prefix>.<key>``, the ``model.lora`` values the Megatron engine cannot build (call before
-    any worker starts); returns the settings (None without LoRA)."""
+    any worker starts); returns the settings (None without LoRA). ``megatron``: the role's ``megatron`` section
+    (its expert tensor-parallel size decides whether dropout on the experts' adapters is built)."""
     s = lora_settings(cfg)
     if s is None:
         return None
@@ -128,8 +151,9 @@ def check_lora_settings(cfg, hf_config, prefix: str, dtypes: Mapping | None = No
     kind = str(get("type", "lora") or "lora")
     if kind != "lora":
         raise ValueError(f"{prefix}.type={kind!r} is not available: the Megatron engine builds plain LoRA on the fused "
-                         "layers (linear_qkv, linear_proj, linear_fc1, linear_fc2); canonical_lora, dora and vlm_lora "
-                         "are Megatron-Bridge modules not built here; use type=lora")
+                         "layers (linear_qkv, linear_proj, linear_fc1, linear_fc2: dense MLPs, shared and routed "
+                         "experts); canonical_lora, dora and vlm_lora are Megatron-Bridge modules not built here; use "
+                         "type=lora")
     if s.target_modules and s.exclude_modules:
         raise ValueError(f"{prefix}.exclude_modules={list(s.exclude_modules)} with target_modules="
                          f"{list(s.target_modules)}: set one of them (exclude_modules adapts every other LoRA layer; "
@@ -141,6 +165,9 @@ def check_lora_settings(cfg, hf_config, prefix: str, dtypes: Mapping | None = No
             if name in CANONICAL:
                 raise ValueError(f"{prefix}.{key} names {name!r}, a canonical-LoRA layer (separate q/k/v, gate/up "
                                  f"adapters) that is not built here; use the fused layers {list(LORA_TARGETS)}")
+            if name in UNADAPTED:
+                raise ValueError(f"{prefix}.{key} names {name!r}: {UNADAPTED[name]}; use some of "
+                                 f"{list(LORA_TARGETS)} (linear_fc1 / linear_fc2 adapt every expert's MLP)")
             if name not in LORA_TARGETS:
                 raise ValueError(f"{prefix}.{key} names {name!r}, which is not a LoRA layer of the Megatron engine; "
                                  f"use some of {list(LORA_TARGETS)} (or a wildcard such as "
@@ -155,17 +182,35 @@ def check_lora_settings(cfg, hf_config, prefix: str, dtypes: Mapping | None = No
         raise ValueError(f"{prefix}.lora_B_init_method={s.lora_B_init_method!r} is not one of {', '.join(B_INITS)}")
     if s.dtype is not None and dtypes is not None and s.dtype not in dtypes:
         raise ValueError(f"{prefix}.dtype={s.dtype!r} is not one of {sorted(dtypes)} (or null: the model's dtype)")
-    if hf_config is not None:
-        arch = get_arch(hf_config)
-        layers = range(int(hf_config.num_hidden_layers))
-        adapted_mlp = sorted({t for t in ("linear_fc1", "linear_fc2") for i in layers
-                              if s.wants(f"decoder.layers.{i}.mlp.{t}")})
-        if arch.experts and adapted_mlp:
-            raise ValueError(f"{prefix}.target_modules adapts {adapted_mlp} of a mixture-of-experts model "
-                             f"({arch.name}): LoRA on the experts (expert-parallel / expert tensor-parallel layers) "
-                             "is not built here; set target_modules=[linear_qkv,linear_proj] (attention only) or "
-                             "use a dense model")
+    if hf_config is not None and megatron is not None and s.dropout > 0 and adapts_experts(s, hf_config):
+        meg = dict(megatron.items()) if hasattr(megatron, "items") else dict(megatron)
+        tp = int(meg.get("tensor_model_parallel_size") or 1)
+        etp = int(meg.get("expert_tensor_parallel_size") or tp)
+        if etp > 1:
+            raise ValueError(expert_dropout_refusal(prefix, s.dropout, etp))
     return s
+
+
+# verl names that are no LoRA layer here: what they are, and why they get no adapter
+UNADAPTED = {"router": "the mixture-of-experts router stays frozen (it gets no adapter)"}
+
+
+def adapts_experts(s: LoraSettings, hf_config) -> bool:
+    """Whether ``s`` puts adapters on any routed expert of ``hf_config`` (False for a dense model)."""
+    arch = get_arch(hf_config)
+    if not arch.experts:
+        return False
+    return any(arch.is_moe_layer(hf_config, i) and s.wants(f"decoder.layers.{i}.mlp.experts.local_experts.{e}.{t}")
+               for i in range(int(hf_config.num_hidden_layers)) for e in range(num_experts(hf_config))
+               for t in ("linear_fc1", "linear_fc2"))
+
+
+def expert_dropout_refusal(prefix: str, dropout: float, etp: int) -> str:
+    return (f"{prefix}.dropout={dropout} with megatron.expert_tensor_parallel_size={etp}: dropout on the experts' "
+            "adapters is built for expert_tensor_parallel_size=1 only (with ETP > 1 each expert's input and partial "
+            "output are whole on every expert tensor rank and would need one mask there); set dropout=0, "
+            "expert_tensor_parallel_size=1, or leave the routed experts out (e.g. target_modules=[] with "
+            "exclude_modules=['*.experts.*'])")
 
 
 # ------------------------------------------------------------------------------------------------- adapters
@@ -200,18 +245,25 @@ def _local_rows(leaf: str, full_rows: int, tp: int, rank: int, gated: bool) -> t
 
 
 class LoRAAdapter(nn.Module):
-    """``lora_A`` / ``lora_B`` of one tensor-parallel linear layer (this rank's pieces; see the module docstring)."""
+    """``lora_A`` / ``lora_B`` of one tensor-parallel linear layer (this rank's pieces; see the module docstring).
+    ``expert``: the layer is a routed expert's (``tp`` / ``tp_rank`` / ``group``: the expert tensor-parallel ones)."""
 
     def __init__(self, base: nn.Module, leaf: str, global_name: str, s: LoraSettings, seed: int, tp: int,
-                 tp_rank: int, dtype: torch.dtype, gated: bool):
+                 tp_rank: int, dtype: torch.dtype, gated: bool, expert: bool = False, group=None):
         super().__init__()
         self.column = leaf in COLUMN
+        self.gated_fc1 = leaf == "linear_fc1" and gated
         self.scale = s.scale
         self.dropout = float(s.dropout)
         self.dropout_position = s.dropout_position
         self.enabled = True
-        self.sequence_parallel = bool(getattr(base, "sequence_parallel", False))
+        self.expert = bool(expert)
+        # an expert's layers communicate nothing themselves (the token dispatcher does), nor does its adapter
+        self.sequence_parallel = bool(getattr(base, "sequence_parallel", False)) and not self.expert
         self.tp = tp
+        # experts under expert tensor parallelism: the whole matrix's gradient (fc1's A, fc2's B) is each rank's
+        # share, summed over this group in backward
+        self.grad_group = group if self.expert and tp > 1 else None
         weight = base.weight
         device = weight.device
         out_local, in_local = weight.shape
@@ -229,22 +281,28 @@ class LoRAAdapter(nn.Module):
         self.lora_B = nn.Parameter(b.to(device=device, dtype=dtype).contiguous())
         split = tp > 1
         # the engine's gradient reduction and norm read these: a split piece is counted on every tensor rank; a whole
-        # matrix once, and the column layers' A sums its per-rank gradient shares over the tensor ranks
+        # matrix once, and the column layers' A sums its per-rank gradient shares over the tensor ranks (an expert's
+        # whole matrix sums them itself, over the expert tensor group)
         self.lora_A.tensor_model_parallel = split and not self.column
         self.lora_B.tensor_model_parallel = split and self.column
-        self.lora_A.sum_grad_over_tp = split and self.column
-        self.lora_A.is_expert = self.lora_B.is_expert = False
+        self.lora_A.sum_grad_over_tp = split and self.column and not self.expert
+        # an expert's adapters: gradients summed over the expert data-parallel group, norm over the expert grid
+        self.lora_A.is_expert = self.lora_B.is_expert = self.expert
 
     def _drop(self, x: torch.Tensor, split: bool) -> torch.Tensor:
         """Dropout on ``x``: with megatron's tensor-parallel generator when ``x`` is this rank's own piece, with the
-        default generator (equal on the tensor ranks) when every tensor rank holds the same values."""
+        default generator (equal on the tensor ranks) when every tensor rank holds the same values; an expert's with
+        megatron's expert-parallel generator (its tokens are its expert-parallel rank's own; expert tensor
+        parallelism with dropout is refused)."""
         if not self.training or self.dropout == 0.0:
             return x
-        if split and self.tp > 1:
+        if self.expert or (split and self.tp > 1):
             # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
-            from megatron.core.tensor_parallel import get_cuda_rng_tracker
+            from megatron.core.tensor_parallel import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
 
-            with get_cuda_rng_tracker().fork():
+            fork = get_cuda_rng_tracker().fork(get_expert_parallel_rng_tracker_name()) if self.expert else \
+                get_cuda_rng_tracker().fork()
+            with fork:
                 return nn.functional.dropout(x, self.dropout, True)
         return nn.functional.dropout(x, self.dropout, True)
 
@@ -255,6 +313,8 @@ class LoRAAdapter(nn.Module):
 
         dtype = x.dtype
         x = x.to(self.lora_A.dtype)
+        if self.expert:
+            return self._expert_forward(x).to(dtype)
         if self.column:
             if self.tp > 1:  # the layer's own input collective: its backward sums the ranks' input-gradient shares
                 x = (mtp.gather_from_sequence_parallel_region(x) if self.sequence_parallel
@@ -276,6 +336,26 @@ class LoRAAdapter(nn.Module):
         if self.dropout_position == "post":
             y = self._drop(y, split=self.tp > 1 and self.sequence_parallel)
         return y.to(dtype)
+
+    def _expert_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """A routed expert's adapter term: no collective in forward (fc1's input is whole on every expert tensor rank,
+        fc2's partial output is summed with the layer's by the dispatcher); with ETP > 1 the whole matrix's
+        gradient shares are summed over the expert tensor group."""
+        a, b = self.lora_A, self.lora_B
+        if self.grad_group is not None:
+            # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+            from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
+
+            if self.column:
+                a = copy_to_tensor_model_parallel_region(a, group=self.grad_group)
+            else:
+                b = copy_to_tensor_model_parallel_region(b, group=self.grad_group)
+        if self.dropout_position == "pre":
+            x = self._drop(x, split=not self.column)
+        y = nn.functional.linear(nn.functional.linear(x, a), b) * self.scale
+        if self.dropout_position == "post":
+            y = self._drop(y, split=self.column)
+        return y
 
     @torch.no_grad()
     def merged(self, weight: torch.Tensor) -> torch.Tensor:
@@ -299,15 +379,21 @@ def _sharded_state_dict_with_adapter(base: nn.Module, original):
 
     def sharded_state_dict(prefix: str = "", sharded_offsets=(), metadata=None):
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
+        from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
         from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
 
         metadata = ensure_metadata_has_dp_cp_group(metadata)
         out = original(prefix=prefix, sharded_offsets=sharded_offsets, metadata=metadata)
         adapter = base.adapter
         axes = {"lora_B": 0} if adapter.column else {"lora_A": 1}
-        out.update(make_sharded_tensors_for_checkpoint(
+        adapter_sd = make_sharded_tensors_for_checkpoint(
             adapter.state_dict(prefix="", keep_vars=True), f"{prefix}adapter.", axes, sharded_offsets,
-            tp_group=getattr(base, "tp_group", None), dp_cp_group=metadata["dp_cp_group"]))
+            tp_group=getattr(base, "tp_group", None), dp_cp_group=metadata["dp_cp_group"])
+        if adapter.gated_fc1:  # this rank's rows are its gate block and its up block: saved as megatron saves W
+            key = f"{prefix}adapter.lora_B"
+            adapter_sd[key] = apply_swiglu_sharded_factory(adapter_sd[key], sharded_offsets,
+                                                           bool(metadata.get("singleton_local_shards", False)))
+        out.update(adapter_sd)
         return out
 
     return sharded_state_dict
@@ -315,32 +401,61 @@ def _sharded_state_dict_with_adapter(base: nn.Module, original):
 
 def apply_lora(chunks, hf_config, s: LoraSettings, seed: int, dtype: torch.dtype | None = None) -> int:
     """Freeze every parameter of this rank's model chunks and add adapters to the layers ``s`` targets (global layer
-    numbers in the names ``s`` matches). Returns how many layers were adapted on this rank."""
+    numbers, and global expert numbers for routed experts, in the names ``s`` matches). Returns how many layers were
+    adapted on this rank."""
     # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
     from verl.models.mcore.model import ParallelLayout, as_chunks
 
     chunks = as_chunks(chunks)
     layout = ParallelLayout(len(chunks))
+    arch = get_arch(hf_config)
+    n_local = num_experts(hf_config) // layout.ep if arch.experts else 0
     count = 0
     for v, chunk in enumerate(chunks):
         chunk.requires_grad_(False)
         offset = layout.chunk_offset(hf_config.num_hidden_layers, v)
         for name, module in list(chunk.named_modules()):
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf not in LORA_TARGETS or not name.startswith("decoder.layers.") or "experts." in name:
+            if not name.startswith("decoder.layers.") or name.count(".") < 3:
                 continue
             local, rest = name[len("decoder.layers."):].split(".", 1)
-            global_name = f"decoder.layers.{offset + int(local)}.{rest}"
+            layer = offset + int(local)
+            if rest == "mlp.experts" and not hasattr(module, "local_experts"):
+                _refuse_grouped_experts(s, hf_config, layer, type(module).__name__)
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf not in LORA_TARGETS:
+                continue
+            expert = rest.startswith("mlp.experts.local_experts.")
+            if expert:  # named by its global expert index: expert-parallel rank r holds r * n_local ...
+                local_expert = int(rest.split(".")[3])
+                rest = f"mlp.experts.local_experts.{layout.ep_rank * n_local + local_expert}.{leaf}"
+            global_name = f"decoder.layers.{layer}.{rest}"
             if not s.wants(global_name):
                 continue
+            if expert and layout.etp > 1 and s.dropout > 0:
+                raise ValueError(expert_dropout_refusal("model.lora", s.dropout, layout.etp))
             adapter_dtype = dtype if dtype is not None else module.weight.dtype
             gated = bool(getattr(getattr(module, "config", None), "gated_linear_unit", True))
-            module.adapter = LoRAAdapter(module, leaf, global_name, s, seed, layout.tp, layout.tp_rank, adapter_dtype,
-                                         gated)
+            tp, tp_rank, group = (layout.etp, layout.etp_rank, layout.etp_group) if expert else \
+                (layout.tp, layout.tp_rank, layout.tp_group)
+            module.adapter = LoRAAdapter(module, leaf, global_name, s, seed, tp, tp_rank, adapter_dtype, gated,
+                                         expert=expert, group=group)
             module.register_forward_hook(_output_hook, with_kwargs=True)
             module.sharded_state_dict = _sharded_state_dict_with_adapter(module, module.sharded_state_dict)
             count += 1
     return count
+
+
+def _refuse_grouped_experts(s: LoraSettings, hf_config, layer: int, cls: str) -> None:
+    """An expert layer with stacked weights (grouped GEMM) has no per-expert linear layers to adapt."""
+    wanted = [t for t in ("linear_fc1", "linear_fc2")
+              if any(s.wants(f"decoder.layers.{layer}.mlp.experts.local_experts.{e}.{t}")
+                     for e in range(num_experts(hf_config)))]
+    if wanted:
+        raise ValueError(f"model.lora.target_modules adapts the experts' {wanted}, but layer {layer}'s experts are a "
+                         f"{cls} (grouped GEMM, stacked expert weights), which gets no adapters here; LoRA on the "
+                         "experts is built for megatron-core's SequentialMLP (the engine's default: "
+                         "override_transformer_config.moe_grouped_gemm=False), or leave the routed experts out "
+                         "(target_modules=[] with exclude_modules=['*.experts.*'])")
 
 
 def lora_adapters(chunks) -> list[LoRAAdapter]:

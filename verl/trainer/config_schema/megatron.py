@@ -10,6 +10,7 @@ import os
 from operator import attrgetter
 
 from verl.models.mcore.lora import check_lora_settings
+from verl.models.mcore.router_replay import check_router_replay
 from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, optimizer_overrides,
                                        transformer_overrides)
 from verl.trainer.config_schema.ppo import PPOTrainerConfig, as_ppo_config
@@ -56,6 +57,7 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
     ``model.lora_rank``); a Megatron reward model's own sizes; a dist-checkpoint start's directory. ``typed``: the config's typed view, when the caller has built it."""
     typed = as_ppo_config(config, typed)
     ar = typed.actor_rollout_ref
+    _check_router_replay(typed, check_files)
     lora_rank = int(getattr(ar.model.lora, "rank", 0) or 0)
     if lora_rank > 0 and ar.actor.strategy != "megatron":
         raise ConfigError(f"{AR}.model.lora.rank={lora_rank}: model.lora.* is the Megatron engine's LoRA, but "
@@ -115,8 +117,8 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
             try:
                 hf_config = _hf_config(str(path), trust)
                 check_megatron_settings(meg, hf_config, f"{prefix}.megatron", on_cpu=on_cpu)
-                if prefix == f"{AR}.actor":  # LoRA layers the model has (no adapters on experts)
-                    check_lora_settings(ar.model.lora, hf_config, f"{AR}.model.lora")
+                if prefix == f"{AR}.actor":  # LoRA on the layers the model has (experts' dropout needs ETP=1)
+                    check_lora_settings(ar.model.lora, hf_config, f"{AR}.model.lora", megatron=meg)
             except ValueError as e:
                 raise ConfigError(f"{e} (model {path_key}={path})") from None
     if actor_megatron and _ref_used(typed) and ar.ref.strategy == "megatron":
@@ -128,6 +130,31 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
                               "reference shares the actor's processes; use the same sizes")
     if typed.reward_model.enable and typed.reward_model.strategy == "megatron":
         _check_megatron_reward_model(typed, check_files)
+
+
+def _check_router_replay(typed: PPOTrainerConfig, check_files: bool) -> None:
+    """``actor.router_replay.mode=R2``: the Megatron engine, a mixture-of-experts model, and an old-log-prob pass
+    whose routing the update can replay (see ``verl.models.mcore.router_replay``)."""
+    ar = typed.actor_rollout_ref
+    mode = ar.actor.router_replay.mode
+    if mode == "disabled":
+        return
+    key = f"{AR}.actor.router_replay.mode"
+    try:  # the mode and the engine first; the model's layers below
+        check_router_replay(mode, None, key, strategy=ar.actor.strategy)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if ar.actor.old_log_prob_source != "update" and typed.algorithm.rollout_correction.bypass_mode:
+        raise ConfigError(f"{key}={mode} replays the experts of the trainer's old-log-prob pass, which "
+                          "algorithm.rollout_correction.bypass_mode=True skips (old_log_probs come from the rollout); "
+                          f"set bypass_mode=false or {key}=disabled")
+    path = ar.model.path
+    if check_files and path and os.path.isfile(os.path.join(os.path.expanduser(str(path)), "config.json")):
+        try:
+            check_router_replay(mode, _hf_config(str(path), bool(ar.model.trust_remote_code)), key,
+                                strategy=ar.actor.strategy)
+        except ValueError as e:
+            raise ConfigError(f"{e} (model {AR}.model.path={path})") from None
 
 
 def _check_megatron_reward_model(typed: PPOTrainerConfig, check_files: bool) -> None:

@@ -19,7 +19,8 @@ Generated from the config schema (`verl/trainer/config_schema/`) by
 Every key of every shipped yaml is listed with its default, the values it accepts and what it does. **Status**:
 *honoured* keys change what runs; *default only* keys name a feature that is not available in this build: the
 key is accepted at its default (so verl command lines compose) and any other value is refused before workers
-start, with a message that names the key and says what is supported. Keys marked *optional* are not in the
+start, with a message that names the key and says what is supported; *some values* keys run with the values the
+message does not name and refuse the others the same way. Keys marked *optional* are not in the
 yaml; add them with `+key=value`. Support: CPU is what the test suite runs; GPU and NPU columns say
 "not verified on hardware" unless a run on that hardware verified the key.
 """
@@ -60,7 +61,7 @@ def _accepts(spec: KeySpec) -> str:
 
 def _status(spec: KeySpec) -> str:
     status = ("honoured" if spec.honoured else f"no effect: {spec.inert}" if spec.inert is not None
-              else f"default only: {spec.unsupported}")
+              else f"some values: {spec.unsupported}" if spec.ok else f"default only: {spec.unsupported}")
     return status + (" (optional)" if spec.optional else "")
 
 
@@ -84,9 +85,10 @@ def render() -> str:
             if spec.optional and "megatron" in path and not yaml.defaults:
                 continue  # megatron keys are documented under ppo_megatron_trainer.yaml
             refused = "no effect" if spec.inert is not None else "refused unless default"
-            cpu = spec.cpu if spec.honoured or spec.cpu != "yes" else refused
-            gpu = spec.gpu if spec.honoured or spec.gpu != "not verified on hardware" else refused
-            npu = spec.npu if spec.honoured or spec.npu != "not verified on hardware" else refused
+            runs = spec.honoured or spec.ok is not None  # honoured, or for the values ``ok`` accepts
+            cpu = spec.cpu if runs or spec.cpu != "yes" else refused
+            gpu = spec.gpu if runs or spec.gpu != "not verified on hardware" else refused
+            npu = spec.npu if runs or spec.npu != "not verified on hardware" else refused
             row = [f"`{path}`", _default(spec, yaml.defaults.get(path)), _accepts(spec), spec.doc, _status(spec), cpu,
                    gpu, npu]
             out.append("| " + " | ".join(_cell(c) for c in row) + " |")

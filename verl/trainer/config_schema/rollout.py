@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from verl.trainer.config_schema.actor import R3_REFUSED
 from verl.trainer.config_schema.engine import DTYPES
 from verl.trainer.config_schema.places import ROLLOUT, SGLANG, SHARDING, VALIDATION, VLLM, WORKERS
 from verl.trainer.config_schema.profiler import RolloutProfilerConfig
@@ -223,7 +224,7 @@ class RolloutConfig(Section):
     skip_tokenizer_init: bool = key(True, "start the engine without its own tokenizer (token ids in and out)",
                                     unsupported="the engines are given token ids and the trainer decodes; leave true")
     enable_rollout_routing_replay: bool = key(False, "record expert routing during rollout (mixture-of-experts)",
-                                              unsupported="routing replay is not available; leave false")
+                                              unsupported=R3_REFUSED + "; leave false")
     trace: TraceConfig = section(TraceConfig)
     prometheus: PrometheusConfig = section(PrometheusConfig)
     server: ServerConfig = section(ServerConfig, optional=True)

@@ -22,6 +22,13 @@ schema's defaults):
   ``update_policy`` keeps them in ``last_on_policy`` (``on_policy_log_probs``, ``on_policy_entropys``,
   ``on_policy_rows``) in the input's row order; the trainer turns them into ``training/rollout_probs_diff_*``
   and ``actor/entropy`` without a separate log-prob pass.
+- router replay (``router_replay.mode=R2``, mixture-of-experts models on the Megatron engine): ``compute_log_prob``
+  with ``record_routing=True`` also returns ``routed_experts``, every token's top-k experts per MoE layer at the
+  columns of ``input_ids``, which the worker adds to the batch beside ``old_log_probs``; ``update_policy`` takes it
+  into the mini-batches (it follows its rows through shuffling and re-cutting), and the engine computes each
+  micro-batch with those experts, so the update's ratio compares log-probs of the same expert choices. With
+  ``old_log_prob_source=update`` there is nothing to replay: the old log-probs come from the update's own forward,
+  whose routing is the one they were computed with.
 - old log-probs from the update's own forward (``actor.old_log_prob_source=update``; the trainer sets
   ``meta_info["old_log_probs_from_update"]``): with one mini-batch and one epoch the weights that scored the
   batch are the ones being updated, so ``old_log_probs`` is the update forward's ``log_probs`` detached -- the
@@ -51,6 +58,8 @@ from verl.workers.config.roles import typed_section
 from verl.workers.config_utils import PPOBatchSizes
 from verl.workers.engine import FSDPEngine, LossContext, MicroBatchSpec, TrainEngine, TrainSpec
 from verl.workers.engine.hf_forward import forward_log_probs
+
+ROUTED_EXPERTS = "routed_experts"  # router replay: see verl.models.mcore.router_replay
 
 __all__ = ["DataParallelPPOActor", "forward_log_probs", "PolicyLoss", "typed_actor_config"]
 
@@ -161,8 +170,9 @@ class DataParallelPPOActor(BasePPOActor):
         return getattr(self.engine, "module", None)
 
     # ------------------------------------------------------------------------------------------- scoring
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
-        """(log_probs (B, R), entropys (B, R) or None) under the current weights, no gradients."""
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False, record_routing: bool = False):
+        """(log_probs (B, R), entropys (B, R) or None) under the current weights, no gradients; with
+        ``record_routing`` a third element: ``routed_experts`` (B, T, MoE layers, top-k) of this forward."""
         cfg, meta = self.config, data.meta_info
         use_dynamic_bsz = meta.get("use_dynamic_bsz", None)
         micro = MicroBatchSpec(
@@ -170,8 +180,17 @@ class DataParallelPPOActor(BasePPOActor):
             use_dynamic_bsz=bool(cfg.use_dynamic_bsz if use_dynamic_bsz is None else use_dynamic_bsz),
             max_token_len=meta.get("max_token_len") or cfg.ppo_max_token_len_per_gpu)
         outputs = ("log_probs", "entropy") if calculate_entropy else ("log_probs",)
+        if record_routing:
+            outputs += (ROUTED_EXPERTS,)
         out = self.engine.infer(data, outputs, micro, temperature=float(meta.get("temperature", 1.0)))
+        if record_routing:
+            return out["log_probs"], out.get("entropy"), out[ROUTED_EXPERTS]
         return out["log_probs"], out.get("entropy")
+
+    @property
+    def replays_routing(self) -> bool:
+        """``router_replay.mode=R2``: the update replays the routing its batch carries (``routed_experts``)."""
+        return self.config.router_replay.mode == "R2"
 
     # ------------------------------------------------------------------------------------------- update
     def _entropy_grad(self, loss: PolicyLoss):
@@ -210,6 +229,12 @@ class DataParallelPPOActor(BasePPOActor):
                 raise KeyError("actor.use_kl_loss=True needs 'ref_log_prob' in the batch (enable the reference policy)")
             keys.append("ref_log_prob")
         keys += [k for k in ("rollout_log_probs", "rollout_is_weights", *MM_KEYS) if k in data.batch.keys()]
+        if self.replays_routing and not old_from_update:
+            if ROUTED_EXPERTS not in data.batch.keys():
+                raise KeyError(f"actor.router_replay.mode=R2 replays the routing recorded with the old log-probs, but "
+                               f"the batch has no '{ROUTED_EXPERTS}' (the actor's compute_log_prob records it; "
+                               "bypass mode has no such pass)")
+            keys.append(ROUTED_EXPERTS)
         batch = DataProto(batch=data.batch.select(*keys), meta_info=dict(data.meta_info))
         capture = bool(data.meta_info.get("bypass_mode", False)) or old_from_update
         n_rows, response_length = batch.batch["responses"].shape

@@ -25,7 +25,8 @@ class PolicyLossConfig(schema.PolicyLossConfig, CheckedSection):
 
 @dataclass(frozen=True)
 class RouterReplayConfig(schema.RouterReplayConfig, CheckedSection):
-    """``actor.router_replay`` (mixture-of-experts routing record/replay; accepted at its defaults)."""
+    """``actor.router_replay``: mixture-of-experts routing replay (``mode=R2`` on the Megatron engine; see
+    ``verl.models.mcore.router_replay``)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,13 @@ What the engine computes is named by *outputs* of the forward pass, all aligned 
 ``scores``    (B, T)  a sequence classifier's head at every position of the whole sequence (reward models)
 ``logits``    (B,R,V) the next-token logits (divided by ``temperature``) that score each response token: full
                       distributions for distillation losses (FSDP engine without sequence parallel only)
+``routed_``   (B,T,   a mixture-of-experts model's top-k experts of every token in every MoE layer at the columns
+``experts``   L, k)   of ``input_ids`` (integers; zeros at padding): recorded for router replay (Megatron engine
+                      built with ``router_replay="R2"``; see ``verl.models.mcore.router_replay``)
 ============  ======  ===================================================================================
+
+Router replay: a micro-batch that carries ``routed_experts`` (a batch key of the update, or a key ``infer`` is told
+to carry) is computed with exactly those experts, in the forward and in any recomputation during backward.
 
 A supervised loss over a whole sequence uses ``responses = input_ids[:, 1:]``: then ``log_probs`` covers every
 next-token prediction.
@@ -52,7 +58,7 @@ __all__ = ["TrainEngine", "MicroBatchSpec", "TrainSpec", "LossContext", "OUTPUTS
 
 logger = logging.getLogger(__name__)
 
-OUTPUTS = ("log_probs", "entropy", "values", "scores", "logits")
+OUTPUTS = ("log_probs", "entropy", "values", "scores", "logits", "routed_experts")
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,8 @@ class TrainSpec:
         unknown = set(self.outputs) - set(OUTPUTS)
         if unknown:
             raise ValueError(f"unknown engine outputs {sorted(unknown)}; choose from {OUTPUTS}")
+        if "routed_experts" in self.outputs:
+            raise ValueError("routed_experts is recorded by a forward-only pass (infer), not by a training step")
         if self.shared_prompt:
             _check_pair_micro(self.micro)
             if self.mini_batch_size % 2 or self.shuffle:
@@ -211,6 +219,11 @@ class TrainEngine(ABC):
         """Context in which a LoRA model computes with its adapters off (the reference policy)."""
         return nullcontext()
 
+    def routing_replay_unsupported(self) -> str | None:
+        """None when this engine records and replays mixture-of-experts routing (``routed_experts``); else why not."""
+        return (f"the {type(self).__name__} engine does not record or replay mixture-of-experts routing (router "
+                "replay is the Megatron engine's, built with actor.router_replay.mode=R2)")
+
     def shared_prompt_unsupported(self) -> str | None:
         """None when :meth:`forward_shared_prompt` is exact for this engine's model; otherwise why not."""
         return f"the {type(self).__name__} engine has no packed-pair forward"
@@ -222,14 +235,24 @@ class TrainEngine(ABC):
 
     # ------------------------------------------------------------------ the shared loop
     def infer(self, data: DataProto, outputs: tuple[str, ...], micro: MicroBatchSpec,
-              temperature: float = 1.0, shared_prompt: bool = False) -> dict[str, torch.Tensor]:
+              temperature: float = 1.0, shared_prompt: bool = False,
+              carry: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
         """Forward only (no gradients): the requested outputs for every row, in the input's row order, on CPU.
-        ``shared_prompt``: the rows are interleaved pairs, computed packed (see ``TrainSpec.shared_prompt``)."""
+        ``shared_prompt``: the rows are interleaved pairs, computed packed (see ``TrainSpec.shared_prompt``).
+        ``carry``: batch keys the micro-batches take along besides the model inputs (``routed_experts``: that
+        routing is replayed)."""
         if shared_prompt:
             _check_pair_micro(micro)
+        if "routed_experts" in outputs or "routed_experts" in carry:
+            reason = self.routing_replay_unsupported()
+            if reason is not None:
+                raise ValueError(reason)
         forward = self.forward_shared_prompt if shared_prompt else self.forward_micro_batch
-        keys = [k for k in ("responses", "input_ids", "attention_mask", "position_ids", *MM_KEYS)
+        keys = [k for k in ("responses", "input_ids", "attention_mask", "position_ids", *MM_KEYS, *carry)
                 if k in data.batch.keys()]
+        missing = [k for k in carry if k not in data.batch.keys()]
+        if missing:
+            raise KeyError(f"infer(carry={tuple(carry)}): the batch has no {missing}")
         micro_batches, partitions = make_micro_batches(data.batch.select(*keys), micro.micro_batch_size,
                                                        micro.use_dynamic_bsz, micro.max_token_len, self.dp_group)
         self.onload()
@@ -240,7 +263,8 @@ class TrainEngine(ABC):
                 for mb in micro_batches:
                     out = forward(mb.to(self.device), outputs, temperature, entropy_grad=False)
                     for name in outputs:
-                        results[name].append(out[name].float().cpu())
+                        value = out[name]  # floating outputs as fp32; integer ones (routed experts) as they are
+                        results[name].append((value.float() if value.is_floating_point() else value).cpu())
         finally:
             self.offload()
         merged = {name: torch.cat(parts, dim=0) for name, parts in results.items()}

@@ -92,6 +92,9 @@ class EngineConfig:
     entropy_chunk_rows: int = 0  # <role>.entropy_from_logits_with_chunking: logit rows per entropy chunk (0: all)
     lora_adapter_path: str | None = None  # model.lora_adapter_path: a saved PEFT adapter trained further
     lora: dict = field(default_factory=dict)  # model.lora.* (strategy=megatron: LoRA on the tensor-parallel layers)
+    # actor.router_replay.mode: R2 builds a mixture-of-experts model's routers able to record and replay their
+    # top-k experts (Megatron engine; verl.models.mcore.router_replay); disabled otherwise
+    router_replay: str = "disabled"
 
     def __post_init__(self):
         if self.model_kind not in MODEL_KINDS:
@@ -160,6 +163,7 @@ def actor_engine_config(arr_cfg: Any) -> EngineConfig:
         use_torch_compile=actor.use_torch_compile and actor.fsdp_config.use_torch_compile,
         freeze_vision_tower=actor.freeze_vision_tower, lora_adapter_path=model.lora_adapter_path,
         entropy_chunk_rows=_entropy_chunk_rows(actor), lora=_plain_value(model.lora),
+        router_replay=str(actor.router_replay.mode),
         **_weights(model, actor.fsdp_config),
     )
 

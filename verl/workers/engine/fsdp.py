@@ -109,6 +109,10 @@ class FSDPEngine(TrainEngine):
     @classmethod
     def build(cls, config: EngineConfig, device_mesh=None, tokenizer=None) -> "FSDPEngine":
         """Load, adapt, shard and equip a model as ``config`` says (identical initialisation on every rank)."""
+        if str(config.router_replay or "disabled") != "disabled":
+            raise ValueError(f"{config.name}.router_replay.mode={config.router_replay}: router replay records and "
+                             "replays megatron-core's router decisions; the FSDP engine runs the Hugging Face model, "
+                             "whose routers cannot replay; use strategy=megatron or router_replay.mode=disabled")
         torch.manual_seed(config.seed)
         module = _LOADERS[config.model_kind](config.model_path, dtype=config.model_dtype,
                                              override_config=config.override_config,

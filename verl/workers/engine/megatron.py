@@ -18,6 +18,12 @@ the gradient norm adds the experts over the expert-parallel ranks; with EP > 1 t
 (ZeRO's broadcast would overwrite the experts other data-parallel ranks hold). Their weights go to the rollout as
 full per-expert HF tensors (``mlp.experts.<e>.*_proj.weight``).
 
+Router replay (``actor.router_replay.mode=R2``; :mod:`verl.models.mcore.router_replay`): the routers are built with
+megatron's ``RouterReplay``; ``infer`` with the output ``routed_experts`` records every token's top-k experts per MoE
+layer (by row and column of ``input_ids``, gathered over tensor and pipeline ranks), and a micro-batch that carries
+``routed_experts`` (the update's batch key, or ``infer(carry=...)``) runs with exactly those experts, in its forward
+and in the recomputation of its layers during backward.
+
 LoRA (``model.lora.rank > 0``, verl's Megatron keys; :mod:`verl.models.mcore.lora`): adapters on the
 tensor-parallel linear layers, the base frozen and only the adapters in the optimizer; :meth:`disable_adapter` runs
 the base model (the reference policy); the weight export merges ``W + alpha / rank * B @ A`` per rank's piece.
@@ -63,6 +69,7 @@ from verl.models.mcore.dist_ckpt import load_dist_weights
 from verl.models.mcore.lora import adapters_disabled, apply_lora, check_lora_settings, save_lora_settings
 from verl.models.mcore.model import (ParallelLayout, as_chunks, build_model_chunks, iter_hf_params, iter_hf_tp_shards,
                                      load_hf_weights)
+from verl.models.mcore.router_replay import ROUTED_EXPERTS, RoutingReplay, check_router_replay
 from verl.models.mcore.settings import (MEGATRON_DTYPES, check_megatron_settings, megatron_settings,
                                        optimizer_overrides, transformer_overrides)
 from verl.utils.device import get_device_name
@@ -91,7 +98,8 @@ class MegatronEngine(TrainEngine):
 
     def __init__(self, model, hf_config, *, value_head: bool, optimizer=None, lr_scheduler=None, grad_clip=None,
                  sequence_parallel: bool = False, checkpoint_config=None, tokenizer=None, name: str = "engine",
-                 model_path: str | None = None, fused_chunk_size: int = 0, lora=None):
+                 model_path: str | None = None, fused_chunk_size: int = 0, lora=None,
+                 router_replay: str = "disabled"):
         # optional heavy dependency: megatron-core (~10 s to import) is needed only with strategy=megatron
         from megatron.core import parallel_state as ps
 
@@ -124,6 +132,12 @@ class MegatronEngine(TrainEngine):
         self._checkpointer = None
         self._has_experts = any(getattr(p, "is_expert", False) for p in self.module.parameters())
         self.lora = lora  # verl.models.mcore.lora.LoraSettings when the model carries LoRA adapters (else None)
+        # router replay (actor.router_replay.mode=R2): the model's routers were built able to record / replay
+        self.routing = None
+        if router_replay != "disabled":
+            self.routing = RoutingReplay(self.chunks, hf_config, tp=self.layout.tp, tp_rank=self.layout.tp_rank,
+                                         sequence_parallel=sequence_parallel, group=self._model_parallel_group)
+        self._routing_busy = False
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -132,7 +146,8 @@ class MegatronEngine(TrainEngine):
         hf_config = _hf_config(config)
         on_cpu = get_device_name() == "cpu"
         check_megatron_settings(config.megatron, hf_config, f"{config.name}.megatron", on_cpu=on_cpu)
-        lora = check_lora_settings(config.lora, hf_config, f"{config.name}: model.lora", MEGATRON_DTYPES)
+        lora = check_lora_settings(config.lora, hf_config, f"{config.name}: model.lora", MEGATRON_DTYPES,
+                                   megatron=config.megatron)
         if (config.lora_rank > 0 and lora is None) or config.lora_adapter_path:
             raise ValueError(f"{config.name}: model.lora_rank / lora_adapter_path are the FSDP engine's (peft) LoRA keys; "
                              "with strategy=megatron set model.lora.rank (and lora.alpha, lora.target_modules ...)")
@@ -141,9 +156,14 @@ class MegatronEngine(TrainEngine):
         # a critic's value head and a reward model's score head: the same replicated scalar head (score.weight, one
         # label as the FSDP engine loads a reward model; a checkpoint without it starts at zero)
         value_head = config.model_kind in ("value", "reward")
+        overrides = transformer_overrides(config.megatron, f"{config.name}.megatron", on_cpu)
+        router_replay = str(config.router_replay or "disabled")
+        if router_replay != "disabled":  # every MoE router gets megatron's RouterReplay (see router_replay.py)
+            check_router_replay(router_replay, hf_config, f"{config.name}.router_replay.mode", strategy="megatron")
+            overrides = dict(overrides, moe_enable_routing_replay=True)
         model = build_model_chunks(hf_config, vpp=s["vpp"], value_head=value_head,
                                    sequence_parallel=s["sequence_parallel"], dtype=dtype, use_cpu_initialization=on_cpu,
-                                   overrides=transformer_overrides(config.megatron, f"{config.name}.megatron", on_cpu))
+                                   overrides=overrides)
         if s["dist_ckpt"]:  # use_dist_checkpointing: tokenizer and HF config still come from model.path
             load_dist_weights(model, s["dist_ckpt"], hf_config, value_head, prefix=s["dist_ckpt_prefix"],
                               key=f"{config.name}.megatron.dist_checkpointing_path")
@@ -179,7 +199,8 @@ class MegatronEngine(TrainEngine):
         return cls(model, hf_config, value_head=value_head, optimizer=optimizer, lr_scheduler=scheduler,
                    grad_clip=config.grad_clip, sequence_parallel=s["sequence_parallel"],
                    checkpoint_config=config.checkpoint, tokenizer=tokenizer, name=config.name,
-                   model_path=config.model_path, fused_chunk_size=config.fused_chunk_size, lora=lora)
+                   model_path=config.model_path, fused_chunk_size=config.fused_chunk_size, lora=lora,
+                   router_replay=router_replay)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -346,7 +367,57 @@ class MegatronEngine(TrainEngine):
                              "engine for a distillation loss over the vocabulary")
         return result
 
+    # ------------------------------------------------------------------ router replay
+    def routing_replay_unsupported(self) -> str | None:
+        if self.routing is not None:
+            return None
+        return (f"{self.name}: this Megatron engine was built without router replay (a mixture-of-experts model "
+                "with actor.router_replay.mode=R2 builds it)")
+
+    @contextlib.contextmanager
+    def _routing_for(self, micro, record: bool):
+        """Around one micro-batch's forward (and, in training, its backward): replay the ``routed_experts`` the
+        micro-batch carries, else with ``record`` keep each router's choice. Yields a dict that holds, after the
+        block, ``routed_experts`` for the micro-batch's rows when ``record`` (collective over the model-parallel
+        group); nested calls (the training step's forward inside its own block) do nothing."""
+        replay = ROUTED_EXPERTS in micro.keys()
+        if self._routing_busy or not (record or replay):
+            yield {}
+            return
+        reason = self.routing_replay_unsupported()
+        if reason is not None:
+            raise ValueError(reason)
+        aligned, starts, lengths = self._aligned(micro)
+        width = aligned.shape[1]
+        state = {}
+        self._routing_busy = True
+        try:
+            if replay:
+                self.routing.replay(micro[ROUTED_EXPERTS], starts, lengths, width)
+            else:
+                self.routing.record()
+            yield state
+            if record:  # a replayed micro-batch's routing is the one it carries
+                state[ROUTED_EXPERTS] = micro[ROUTED_EXPERTS].to(self.routing.dtype) if replay else \
+                    self.routing.recorded(aligned.shape[0], width, micro["input_ids"].shape[1], starts, lengths,
+                                          aligned.device)
+        finally:
+            self.routing.clear()
+            self._routing_busy = False
+
     def forward_micro_batch(self, micro, outputs, temperature, entropy_grad):
+        want_routing = ROUTED_EXPERTS in outputs
+        outputs = tuple(name for name in outputs if name != ROUTED_EXPERTS)
+        with self._routing_for(micro, record=want_routing) as routing:
+            result = self._forward_outputs(micro, outputs, temperature, entropy_grad)
+        if want_routing:
+            if ROUTED_EXPERTS not in routing:
+                raise ValueError(f"{self.name}: routed_experts is recorded by a forward-only pass (infer), not "
+                                 "inside a training step")
+            result[ROUTED_EXPERTS] = routing[ROUTED_EXPERTS]
+        return result
+
+    def _forward_outputs(self, micro, outputs, temperature, entropy_grad) -> dict:
         aligned, starts, lengths = self._aligned(micro)
         out, _ = self._forward_chunks(aligned, torch.is_grad_enabled(), self._fused(outputs))
         if out is None:  # outputs live on the last stage
@@ -362,6 +433,12 @@ class MegatronEngine(TrainEngine):
         dist.send(out.detach().contiguous(), dst=ps.get_pipeline_model_parallel_next_rank())
 
     def forward_backward(self, micro, loss_fn, spec, ctx, weight):
+        # router replay: a micro-batch that carries routed_experts uses those experts in its forward and in the
+        # recomputation of its layers during backward (recompute_granularity), which runs inside this block
+        with self._routing_for(micro, record=False):
+            return self._forward_backward(micro, loss_fn, spec, ctx, weight)
+
+    def _forward_backward(self, micro, loss_fn, spec, ctx, weight):
         if self.layout.pp == 1:
             return super().forward_backward(micro, loss_fn, spec, ctx, weight)
         aligned, starts, lengths = self._aligned(micro)
