@@ -260,7 +260,7 @@ def test_defaults_are_the_schemas():
     (lambda: wc.FSDPActorConfig(use_prefix_grouper=True), "FSDPActorConfig.use_prefix_grouper=True is not supported"),
     (lambda: wc.FSDPActorConfig(calculate_sum_pi_squared=True),
      "FSDPActorConfig.calculate_sum_pi_squared=True is not supported"),
-    (lambda: wc.FSDPActorConfig(router_replay={"mode": "R2"}), "FSDPActorConfig.router_replay.mode='R2' is not supported"),
+    (lambda: wc.FSDPActorConfig(router_replay={"mode": "R3"}), "FSDPActorConfig.router_replay.mode='R3' is not supported"),
     (lambda: wc.RolloutConfig(skip_rollout=True), "RolloutConfig.skip_rollout=True is not supported"),
     (lambda: wc.RolloutConfig(repetition_penalty=1.1), "RolloutConfig.repetition_penalty=1.1 is not supported"),
     (lambda: wc.McoreEngineConfig(use_dist_checkpointing=True),
