@@ -269,6 +269,13 @@ def test_share_prompt_prefix_is_an_fsdp_path(assets):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     with pytest.raises(ConfigError, match="share_prompt_prefix=true is not available with strategy=megatron"):
         validate_ppo_config(cfg, check_files=False)
+    # the critic's own key, with a Megatron critic
+    overrides = good_overrides(assets) + ["actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
+                                          "algorithm.adv_estimator=gae", "critic.model.share_prompt_prefix=true"]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    with pytest.raises(ConfigError, match="critic.model.share_prompt_prefix=true is not available with strategy=meg"):
+        validate_ppo_config(cfg, check_files=False)
 
 
 @pytest.mark.parametrize("name", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"])

@@ -217,6 +217,22 @@ def test_samples_of_a_prompt_share_its_forward_on_cpu(monkeypatch, defaults):
     assert _select(cfg, key) is False
 
 
+def test_the_critic_shares_the_prompt_of_the_samples_when_the_run_has_one(defaults):
+    key = host_defaults.CRITIC_SHARE_PREFIX_KEY
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.n=4", "algorithm.adv_estimator=gae"])
+    choices = resolve_host_defaults(cfg, set(), defaults)
+    assert _select(cfg, key) is True and key in str(choices)
+    # no critic (GRPO), one sample per prompt, a Megatron critic, or the user's value: left as it is
+    for overrides in (["algorithm.adv_estimator=grpo"], ["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1"],
+                      ["algorithm.adv_estimator=gae", "critic.strategy=megatron"]):
+        cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.n=4", *overrides])
+        choices = resolve_host_defaults(cfg, set(), defaults)
+        assert _select(cfg, key) is False and key not in str(choices), overrides
+    cfg = _compose(["trainer.device=cpu", "actor_rollout_ref.rollout.n=4", "algorithm.adv_estimator=gae", f"{key}=false"])
+    resolve_host_defaults(cfg, {key}, defaults)
+    assert _select(cfg, key) is False
+
+
 def test_the_block_names_a_onednn_cap(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert "(oneDNN capped at AVX2)" in host_defaults._cpu_isa()

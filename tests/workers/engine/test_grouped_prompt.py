@@ -7,14 +7,14 @@ import copy
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
 from verl.utils.embedded import build_config
 from verl.workers.engine import FSDPEngine, MicroBatchSpec, TrainSpec
 from verl.workers.engine import fsdp as fsdp_engine
-from verl.workers.engine.hf_forward import forward_log_probs
-from verl.workers.engine.shared_prompt import (PAD, PROMPT, _packed_shape, forward_grouped_log_probs, grouping_pays,
-                                               pack_groups, prompt_runs)
+from verl.workers.engine.hf_forward import forward_log_probs, forward_values
+from verl.workers.engine.shared_prompt import (PAD, PROMPT, _packed_shape, forward_grouped_log_probs,
+                                               forward_grouped_values, grouping_pays, pack_groups, prompt_runs)
 
 PROMPT_LEN, RESPONSE_LEN = 8, 5
 
@@ -188,3 +188,83 @@ def test_engine_turns_it_off_for_models_that_cannot_take_the_mask():
     model.config._attn_implementation = "flash_attention_2"
     assert FSDPEngine(model, share_prompt_prefix=True).share_prompt_prefix is False
     assert FSDPEngine(_qwen(torch.float32), share_prompt_prefix=True).share_prompt_prefix is True
+
+
+# ----------------------------------------------------------------------------- values (the critic)
+
+def _value_model(dtype=torch.float64):
+    torch.manual_seed(0)
+    cfg = build_config("tiny")
+    cfg.num_hidden_layers, cfg.num_labels, cfg._attn_implementation = 2, 1, "sdpa"
+    cfg.classifier_dropout = 0.0  # as verl.utils.model loads a value model
+    return Qwen2ForTokenClassification(cfg).to(dtype)
+
+
+def test_values_equal_each_sequence_alone_fp64():
+    """V(s) before each response token from the packed rows equals the value model run on that sequence alone."""
+    model = _value_model()
+    micro = _micro(TOY)
+    with torch.no_grad():
+        values = forward_grouped_values(model, micro)
+        assert values is not None and values.shape == (6, RESPONSE_LEN)
+        for i in range(6):
+            valid = micro["attention_mask"][i].bool()
+            ids = micro["input_ids"][i][valid].unsqueeze(0)
+            n = int(micro["response_mask"][i].sum())
+            alone = model(input_ids=ids).logits[0, -n - 1:-1, 0]
+            torch.testing.assert_close(values[i, :n].double(), alone, rtol=0, atol=1e-6)  # returned as fp32
+            assert (values[i, n:] == 0).all()
+
+
+def test_value_gradients_equal_the_plain_rows_fp64():
+    model = _value_model()
+    micro = _micro(TOY)
+    mask = micro["response_mask"].bool()
+    weights = torch.linspace(-1, 1, int(mask.sum()), dtype=torch.float32)
+    grads = []
+    for values in (lambda: forward_grouped_values(model, micro), lambda: forward_values(model, micro, True)):
+        model.zero_grad()
+        (values()[mask] * weights).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _value_loss(out, micro, ctx):
+    mask = micro["response_mask"].bool()
+    loss = ((out["values"] - 0.5)[mask] ** 2).mean()
+    return loss, {"vf_loss": loss.detach()}
+
+
+def test_critic_engine_step_and_values_equal_plain_rows(monkeypatch):
+    """FSDPEngine (a value model) with share_prompt_prefix: every values forward is grouped (counted), and the
+    inferred values, the loss and the SGD step equal those of plain rows."""
+    calls = []
+    real = fsdp_engine.forward_grouped_values
+
+    def counting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(fsdp_engine, "forward_grouped_values", counting)
+    base = _value_model()
+    from verl.protocol import DataProto
+
+    data = DataProto(batch=_micro(TOY * 2))
+    spec = TrainSpec(mini_batch_size=12, micro=MicroBatchSpec(6), outputs=("values",))
+    results = {}
+    for shared in (True, False):
+        model = copy.deepcopy(base)
+        engine = FSDPEngine(model, torch.optim.SGD(model.parameters(), lr=1.0), share_prompt_prefix=shared)
+        inferred = engine.infer(data, ("values",), MicroBatchSpec(6))["values"]
+        metrics = engine.train_batch(data, _value_loss, spec)
+        results[shared] = (model, metrics, inferred)
+    assert calls and all(calls) and len(calls) == 4  # 2 micro-batches x (infer + train), all grouped
+    (m1, met1, inf1), (m2, met2, inf2) = results[True], results[False]
+    mask = data.batch["response_mask"].bool()
+    torch.testing.assert_close(inf1[mask], inf2[mask], rtol=0, atol=1e-6)
+    assert met1["vf_loss"] == pytest.approx(met2["vf_loss"], rel=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(m1.parameters(), base.parameters()))
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -39,6 +39,8 @@ class CriticModelConfig(Section):
     enable_activation_offload: bool = key(False, "offload activations to the host",
                                           unsupported="activation offload is not available; leave false")
     use_remove_padding: bool = key(False, "pack sequences without padding", read_in=(WORKERS,))
+    share_prompt_prefix: bool = key(False, "rows sharing a prompt run it once, packed (value forward and critic "
+                                           "update; FSDP)", read_in=(WORKERS,))
     lora_rank: int = key(0, "LoRA rank of the critic", ge=0, unsupported=NO_CRITIC_LORA)
     lora_alpha: float = key(16, "LoRA scaling of the critic", gt=0, unsupported=NO_CRITIC_LORA)
     target_modules: Union[str, list] = key("all-linear", "critic LoRA target modules", unsupported=NO_CRITIC_LORA)

@@ -88,8 +88,10 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
                               f"`pip install .[mcore]` (or megatron-core 0.16), or set {prefix}.strategy=fsdp")
         if prefix == f"{AR}.actor":
             _check_lora(ar.model)
-        if ar.model.share_prompt_prefix is True and prefix != "critic":
-            raise ConfigError(f"{AR}.model.share_prompt_prefix=true is not available with strategy=megatron (the "
+        shared = typed.critic.model.share_prompt_prefix if prefix == "critic" else ar.model.share_prompt_prefix
+        if shared is True:
+            owner = "critic.model" if prefix == "critic" else f"{AR}.model"
+            raise ConfigError(f"{owner}.share_prompt_prefix=true is not available with strategy=megatron (the "
                               "packed prompt rows are an FSDP engine path); set it to false")
         on_cpu = get_device_name() == "cpu"
         try:

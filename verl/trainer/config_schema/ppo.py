@@ -332,3 +332,12 @@ def as_ppo_config(config: Any, typed: Optional[PPOTrainerConfig] = None) -> PPOT
     if typed is not None:
         return typed
     return config if isinstance(config, PPOTrainerConfig) else build(PPOTrainerConfig, config)
+
+
+def need_critic(config: Any) -> bool:
+    """verl's rule: ``critic.enable`` if set, else a critic exactly when the estimator is GAE. ``config``: the
+    typed config, or a Hydra config (its typed view is built here)."""
+    typed = as_ppo_config(config)
+    if typed.critic.enable is not None:
+        return bool(typed.critic.enable)
+    return typed.algorithm.adv_estimator == "gae"

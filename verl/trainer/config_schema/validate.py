@@ -36,7 +36,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from verl.experimental.agent_loop.config import check_agent_loop_config
 from verl.trainer.config_schema.megatron import check_megatron_config
-from verl.trainer.config_schema.ppo import REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig, as_ppo_config
+from verl.trainer.config_schema.ppo import (REWEIGHT_METHODS, AlgorithmConfig, PPOTrainerConfig, TrainerConfig,
+                                           as_ppo_config, need_critic)
 from verl.trainer.config_schema.preflight import check_run_files
 from verl.trainer.config_schema.profiler import check_profiler_config
 from verl.trainer.config_schema.spec import build, check_config, choices_message
@@ -296,15 +297,6 @@ def _check_pf_ppo(config: DictConfig, typed: Optional[PPOTrainerConfig] = None) 
     if algorithm.use_pf_ppo and estimator != "gae":
         print(f"warning: algorithm.use_pf_ppo=True acts only with algorithm.adv_estimator=gae (as in verl); "
               f"with {estimator} the batch is not resampled")
-
-
-def need_critic(config: Any) -> bool:
-    """verl's rule: ``critic.enable`` if set, else a critic exactly when the estimator is GAE. ``config``: the
-    typed config, or a Hydra config (its typed view is built here)."""
-    typed = as_ppo_config(config)
-    if typed.critic.enable is not None:
-        return bool(typed.critic.enable)
-    return typed.algorithm.adv_estimator == "gae"
 
 
 _HALF = {"bf16", "bfloat16", "fp16", "float16", "half"}

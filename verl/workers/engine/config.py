@@ -196,6 +196,7 @@ def critic_engine_config(critic_cfg: Any) -> EngineConfig:
         optim=critic.optim, total_training_steps=int(critic.optim.total_training_steps),
         grad_clip=_grad_clip(critic), checkpoint=critic.checkpoint, megatron=_megatron(critic),
         ulysses_sequence_parallel_size=critic.ulysses_sequence_parallel_size,
+        share_prompt_prefix=model.share_prompt_prefix,
         use_torch_compile=model.fsdp_config.use_torch_compile,
         **_weights(model, model.fsdp_config),
     )

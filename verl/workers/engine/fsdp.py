@@ -35,8 +35,8 @@ from verl.workers.engine.base import TrainEngine
 from verl.utils.varlen_attention import packs_with_varlen_attention, use_varlen_attention
 from verl.workers.engine.config import EngineConfig, compile_key
 from verl.workers.engine.hf_forward import forward_log_probs, forward_logits, forward_scores, forward_values
-from verl.workers.engine.shared_prompt import (forward_grouped_log_probs, forward_shared_prompt_log_probs,
-                                               unsupported_reason)
+from verl.workers.engine.shared_prompt import (forward_grouped_log_probs, forward_grouped_values,
+                                               forward_shared_prompt_log_probs, unsupported_reason)
 from verl.workers.engine.ulysses import sp_forward_log_probs, sp_forward_values, ulysses_attention_active
 
 __all__ = ["FSDPEngine"]
@@ -195,7 +195,9 @@ class FSDPEngine(TrainEngine):
             if entropy is not None:
                 out["entropy"] = entropy
         if "values" in outputs:
-            out["values"] = forward_values(self.module, micro, self.use_remove_padding)
+            values = forward_grouped_values(self.module, micro) if self.share_prompt_prefix else None
+            out["values"] = values if values is not None else forward_values(self.module, micro,
+                                                                             self.use_remove_padding)
         if "scores" in outputs:
             out["scores"] = forward_scores(self.module, micro, self.use_remove_padding)
         if "logits" in outputs:

@@ -38,11 +38,11 @@ from torch import nn
 
 from verl.utils.dataset.vision_utils import MM_KEYS
 from verl.utils.torch_functional import entropy_for_loss, logprobs_from_logits
-from verl.workers.engine.hf_forward import accepts_logits_to_keep
+from verl.workers.engine.hf_forward import accepts_logits_to_keep, token_values
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "SUPPORTED_ATTENTION", "unsupported_reason", "pack_pairs",
            "block_attention_mask", "forward_shared_prompt_log_probs", "PackedGroups", "prompt_runs", "pack_groups",
-           "grouping_pays", "forward_grouped_log_probs"]
+           "grouping_pays", "forward_grouped_log_probs", "forward_grouped_values"]
 
 #: model families whose decoder takes a custom 4-D attention mask as given (checked by the tests for the first two)
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3", "mistral")
@@ -286,6 +286,18 @@ def forward_grouped_log_probs(module: nn.Module, micro, temperature: float = 1.0
         return None
     return _packed_forward(module, micro, pack_groups(micro, check=False), temperature, calculate_entropy,
                            entropy_grad)
+
+
+def forward_grouped_values(module: nn.Module, micro) -> torch.Tensor | None:
+    """A value model's ``values`` (B, R) for the states preceding each response token, computed on rows packed by
+    :func:`pack_groups` (0 on padding response columns), or None when packing would not save compute."""
+    if any(k in micro.keys() for k in MM_KEYS) or not _standard_layout(micro) or not grouping_pays(module, micro):
+        return None
+    packed = pack_groups(micro, check=False)
+    values = token_values(module(input_ids=packed.input_ids, attention_mask=_mask_for(module, packed.attention_mask),
+                                 position_ids=packed.position_ids, use_cache=False))
+    picked = values[:, packed.first:][packed.row_group.unsqueeze(1), packed.src]  # (B, R)
+    return torch.where(packed.valid, picked, 0.0).float()
 
 
 def _packed_forward(module: nn.Module, micro, packed: PackedGroups, temperature: float, calculate_entropy: bool,
