@@ -149,38 +149,44 @@ def _token_loss(out, micro, ctx):
     return loss, {"loss": loss.detach()}
 
 
-def test_engine_step_and_inference_equal_plain_rows(monkeypatch):
-    """FSDPEngine with share_prompt_prefix: the grouped forward runs (counted) and the SGD step, metrics and
-    inferred log-probs equal those of plain rows."""
+def _engine_shared_equals_plain(monkeypatch, grouped_fn: str, base, output: str, loss_fn, metric: str):
+    """FSDPEngine with and without share_prompt_prefix on the same batch: the grouped forward ``grouped_fn`` runs
+    for every micro-batch (counted), and the inferred ``output``, the loss metric and the SGD step are equal."""
     calls = []
-    real = fsdp_engine.forward_grouped_log_probs
+    real = getattr(fsdp_engine, grouped_fn)
 
     def counting(*args, **kwargs):
         out = real(*args, **kwargs)
         calls.append(out is not None)
         return out
 
-    monkeypatch.setattr(fsdp_engine, "forward_grouped_log_probs", counting)
-    base = _qwen(torch.float64)
+    monkeypatch.setattr(fsdp_engine, grouped_fn, counting)
     from verl.protocol import DataProto
 
     data = DataProto(batch=_micro(TOY * 2))
-    spec = TrainSpec(mini_batch_size=12, micro=MicroBatchSpec(6), outputs=("log_probs",))
+    spec = TrainSpec(mini_batch_size=12, micro=MicroBatchSpec(6), outputs=(output,))
     results = {}
     for shared in (True, False):
         model = copy.deepcopy(base)
         engine = FSDPEngine(model, torch.optim.SGD(model.parameters(), lr=1.0), share_prompt_prefix=shared)
-        inferred = engine.infer(data, ("log_probs",), MicroBatchSpec(6))["log_probs"]
-        metrics = engine.train_batch(data, _token_loss, spec)
+        inferred = engine.infer(data, (output,), MicroBatchSpec(6))[output]
+        metrics = engine.train_batch(data, loss_fn, spec)
         results[shared] = (model, metrics, inferred)
     assert calls and all(calls) and len(calls) == 4  # 2 micro-batches x (infer + train), all grouped
     (m1, met1, inf1), (m2, met2, inf2) = results[True], results[False]
     mask = data.batch["response_mask"].bool()
     torch.testing.assert_close(inf1[mask], inf2[mask], rtol=0, atol=1e-6)
-    assert met1["loss"] == pytest.approx(met2["loss"], rel=1e-6)
+    assert met1[metric] == pytest.approx(met2[metric], rel=1e-6)
     assert any(not torch.equal(a, b) for a, b in zip(m1.parameters(), base.parameters()))
     for a, b in zip(m1.parameters(), m2.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_engine_step_and_inference_equal_plain_rows(monkeypatch):
+    """FSDPEngine with share_prompt_prefix: the grouped forward runs (counted) and the SGD step, metrics and
+    inferred log-probs equal those of plain rows."""
+    _engine_shared_equals_plain(monkeypatch, "forward_grouped_log_probs", _qwen(torch.float64), "log_probs",
+                                _token_loss, "loss")
 
 
 def test_engine_turns_it_off_for_models_that_cannot_take_the_mask():
@@ -239,32 +245,5 @@ def _value_loss(out, micro, ctx):
 def test_critic_engine_step_and_values_equal_plain_rows(monkeypatch):
     """FSDPEngine (a value model) with share_prompt_prefix: every values forward is grouped (counted), and the
     inferred values, the loss and the SGD step equal those of plain rows."""
-    calls = []
-    real = fsdp_engine.forward_grouped_values
-
-    def counting(*args, **kwargs):
-        out = real(*args, **kwargs)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(fsdp_engine, "forward_grouped_values", counting)
-    base = _value_model()
-    from verl.protocol import DataProto
-
-    data = DataProto(batch=_micro(TOY * 2))
-    spec = TrainSpec(mini_batch_size=12, micro=MicroBatchSpec(6), outputs=("values",))
-    results = {}
-    for shared in (True, False):
-        model = copy.deepcopy(base)
-        engine = FSDPEngine(model, torch.optim.SGD(model.parameters(), lr=1.0), share_prompt_prefix=shared)
-        inferred = engine.infer(data, ("values",), MicroBatchSpec(6))["values"]
-        metrics = engine.train_batch(data, _value_loss, spec)
-        results[shared] = (model, metrics, inferred)
-    assert calls and all(calls) and len(calls) == 4  # 2 micro-batches x (infer + train), all grouped
-    (m1, met1, inf1), (m2, met2, inf2) = results[True], results[False]
-    mask = data.batch["response_mask"].bool()
-    torch.testing.assert_close(inf1[mask], inf2[mask], rtol=0, atol=1e-6)
-    assert met1["vf_loss"] == pytest.approx(met2["vf_loss"], rel=1e-6)
-    assert any(not torch.equal(a, b) for a, b in zip(m1.parameters(), base.parameters()))
-    for a, b in zip(m1.parameters(), m2.parameters()):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    _engine_shared_equals_plain(monkeypatch, "forward_grouped_values", _value_model(), "values", _value_loss,
+                                "vf_loss")

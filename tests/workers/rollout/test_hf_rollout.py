@@ -214,3 +214,25 @@ def test_special_tokens_resolve_in_one_order():
     assert resolve_special_tokens(None, tok, gen) == (2, 3)
     assert resolve_special_tokens(gen) == ([7, 8], 7)
     assert resolve_special_tokens(NS(), None) == (None, 0)
+
+
+def test_per_expert_tensors_fill_the_fused_experts_of_a_moe_model(tmp_path):
+    """The Megatron engine exports one matrix per expert (checkpoint names); transformers 5 MoE models keep a
+    layer's experts fused (gate_up_proj (E, 2I, H), down_proj (E, H, I)). A push of another model's per-expert
+    tensors leaves the rollout model equal to that model, parameter by parameter; a name with no home still fails."""
+    from verl.utils.hf_experts import unfuse_expert_weights
+    from tests.workers.engine.test_megatron_moe import make_moe_dir
+
+    source = HFRollout(rollout_cfg(), make_moe_dir(str(tmp_path / "a"), seed=0))
+    rollout = HFRollout(rollout_cfg(), make_moe_dir(str(tmp_path / "b"), seed=1))
+    fused = [n for n, _ in source.module.named_parameters() if n.endswith("experts.gate_up_proj")]
+    assert fused  # the model does keep its experts fused
+    pushed = list(unfuse_expert_weights(source.module.named_parameters()))
+    assert any(".experts.3.up_proj.weight" in n for n, _ in pushed)
+    target = dict(rollout.module.named_parameters())
+    assert not all(torch.equal(p, target[n]) for n, p in source.module.named_parameters())
+    rollout.update_weights(pushed)
+    for name, param in source.module.named_parameters():
+        torch.testing.assert_close(target[name], param, rtol=0, atol=0)
+    with pytest.raises(KeyError, match="unknown to the rollout model"):
+        rollout.update_weights([("model.layers.0.mlp.experts.9.gate_proj.weight", torch.zeros(32, 64))])

@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from verl.protocol import DataProto
+from verl.utils.hf_experts import fused_expert_slot
 from verl.utils.model import causal_lm_class, load_hf_config
 from verl.utils.tokenizer import hf_processor
 from verl.workers.config.rollout import as_rollout_config
@@ -116,7 +117,9 @@ class HFRollout(BaseRollout):
         """Copy tensors into the engine's model by HF name (dtype cast to the engine's dtype).
 
         A tied ``lm_head.weight`` (shared with the input embedding) is accepted and written into the shared
-        tensor. Unknown names raise KeyError: a silent partial update would leave the engine stale.
+        tensor; per-expert checkpoint names (``experts.<e>.gate_proj.weight``, what the Megatron engine exports) go
+        into the model's fused expert parameters. Unknown names raise KeyError: a silent partial update would leave
+        the engine stale.
         """
         targets = dict(self.module.named_parameters())
         targets.update(dict(self.module.named_buffers()))
@@ -127,6 +130,8 @@ class HFRollout(BaseRollout):
             target = targets.get(key)
             if target is None and key == "lm_head.weight" and tied:
                 target = self.module.get_output_embeddings().weight
+            if target is None:
+                target = fused_expert_slot(key, targets)
             if target is None:
                 if key.endswith("rotary_emb.inv_freq"):
                     continue
