@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer.validator_assets import run_check_config
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,12 +32,9 @@ def _check(tmp_path, a, *extra):
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "algorithm.adv_estimator=grpo",
             "trainer.n_gpus_per_node=2", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "--check-config", *args], cwd=run_dir,
-                          env=env, capture_output=True, text=True, timeout=300)
+    result = run_check_config(run_dir, args)
     assert not any(run_dir.iterdir()), list(run_dir.iterdir())  # nothing written, nothing started
-    return proc.returncode, proc.stdout + proc.stderr
+    return result
 
 
 def test_good_config_is_ok_and_shows_the_resolved_defaults(assets, tmp_path):

@@ -4,6 +4,9 @@ reads the data's columns and looks for tokenizer files; nothing loads the model 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROWS = 64  # more than any data.train_batch_size these tests set
@@ -32,3 +35,14 @@ def write_validator_assets(root: Path, model_config: str = "{}") -> Path:
     (root / "model" / "config.json").write_text(model_config)
     add_tokenizer_file(root / "model")
     return root
+
+
+def run_check_config(run_dir: Path, args: list[str]) -> tuple[int, str]:
+    """``python -m verl.trainer.main_ppo --check-config <args>`` in ``run_dir`` as a user runs it, outside the
+    test session's Ray cluster: (exit code, stdout + stderr)."""
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "--check-config", *args], cwd=run_dir,
+                          env=env, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr

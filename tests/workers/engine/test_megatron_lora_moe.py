@@ -21,7 +21,6 @@ shared expert).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from engine_testlib import actor_config, run_distributed  # noqa: E402
 from test_megatron_moe import BSZ, TOL, _batch, _mask, make_moe_dir  # noqa: E402
 
+from tests.trainer.validator_assets import run_check_config  # noqa: E402
 from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config  # noqa: E402
 from verl.workers.engine.config import EngineConfig  # noqa: E402
 
@@ -309,11 +309,7 @@ def _check_config(tmp_path, assets, *extra):
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "algorithm.adv_estimator=grpo",
             "trainer.n_gpus_per_node=2", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "--check-config", *args], cwd=run_dir,
-                          env=env, capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
+    return run_check_config(run_dir, args)
 
 
 def test_example_keys_accepted_on_a_qwen3_moe_and_unbuilt_combinations_refused(tmp_path):
