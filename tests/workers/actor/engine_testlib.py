@@ -148,3 +148,23 @@ def actor_config(**overrides):
                                 model_dtype="fp32", dtype="fp32", fsdp_size=-1))
     merged = OmegaConf.merge(OmegaConf.create(cfg), OmegaConf.create(overrides))
     return merged
+
+
+def assert_adapter_checkpoint_round_trip(engine, fresh_engine, log_probs, out_dir, params, want_lp, mask, exported):
+    """A LoRA engine's checkpoint, read by a fresh engine with other initial adapters, restores every parameter
+    (``params``: name -> tensor after training) and the policy (``log_probs(actor)[mask] == want_lp``); the model
+    merger then writes exactly the ``exported`` merged HF weights. Call last: the merger tears the model-parallel
+    grid down."""
+    from verl.model_merger.megatron_model_merger import load_megatron_checkpoint
+
+    ckpt = os.path.join(out_dir, "global_step_2", "actor")
+    engine.save_checkpoint(ckpt, global_step=2)
+    other, other_actor = fresh_engine()
+    other.load_checkpoint(ckpt)
+    for name, p in other.module.named_parameters():
+        assert torch.equal(p.detach(), params[name].detach()), name
+    assert torch.equal(log_probs(other_actor)[mask], want_lp)
+    state = load_megatron_checkpoint(ckpt, engine.hf_config, value_head=False)
+    assert set(state) == set(exported), sorted(set(state) ^ set(exported))[:4]
+    for name, tensor in exported.items():
+        assert torch.allclose(state[name], tensor, atol=1e-7, rtol=0), name

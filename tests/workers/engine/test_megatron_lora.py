@@ -17,7 +17,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "actor"))
-from engine_testlib import actor_config, make_batch, make_model_dir, run_distributed  # noqa: E402
+from engine_testlib import (  # noqa: E402
+    actor_config, assert_adapter_checkpoint_round_trip, make_batch, make_model_dir, run_distributed)
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.workers.actor.dp_actor import DataParallelPPOActor, typed_actor_config  # noqa: E402
@@ -53,7 +54,6 @@ def _log_probs(actor) -> torch.Tensor:
 
 
 def _single_process(rank, world, model_dir, out_dir):
-    from verl.model_merger.megatron_model_merger import load_megatron_checkpoint
     from verl.models.mcore.convert import unshard
     from verl.models.mcore.model import model_shapes
 
@@ -111,18 +111,9 @@ def _single_process(rank, world, model_dir, out_dir):
     assert worst < 1e-6, worst
 
     # checkpoint: a fresh LoRA engine (other initial adapters) restores this one's adapters and policy
-    ckpt = os.path.join(out_dir, "global_step_2", "actor")
-    engine.save_checkpoint(ckpt, global_step=2)
-    other, other_actor = _engine(model_dir, lora=dict(lora_cfg, lora_B_init_method="kaiming"))
-    other.load_checkpoint(ckpt)
-    for name, p in other.module.named_parameters():
-        assert torch.equal(p.detach(), after[name].detach()), name
-    assert torch.equal(_log_probs(other_actor)[mask], lora_lp[mask])
-    # the model merger (last: it tears the model-parallel grid down) writes the merged weights
-    state = load_megatron_checkpoint(ckpt, engine.hf_config, value_head=False)
-    for name, tensor in exported.items():
-        assert torch.allclose(state[name], tensor, atol=1e-7, rtol=0), name
-
+    assert_adapter_checkpoint_round_trip(
+        engine, lambda: _engine(model_dir, lora=dict(lora_cfg, lora_B_init_method="kaiming")), _log_probs, out_dir,
+        after, lora_lp[mask], mask, exported)
 
 def test_lora_starts_as_base_trains_adapters_only_and_exports_merged(tmp_path):
     model_dir = make_model_dir(str(tmp_path / "model"), seed=0, tie=False)

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "actor"))
 sys.path.insert(0, os.path.dirname(__file__))
-from engine_testlib import actor_config, run_distributed  # noqa: E402
+from engine_testlib import actor_config, assert_adapter_checkpoint_round_trip, run_distributed  # noqa: E402
 from test_megatron_moe import BSZ, TOL, _batch, _mask, make_moe_dir  # noqa: E402
 
 from tests.trainer.validator_assets import run_check_config  # noqa: E402
@@ -128,8 +128,6 @@ def _worst(exported: dict, want: dict) -> float:
 # ------------------------------------------------------------------------------------------------ one process
 
 def _single_process(rank, world, model_dir, out_dir):
-    from verl.model_merger.megatron_model_merger import load_megatron_checkpoint
-
     base, base_actor = _engine(model_dir, trainable=False)
     engine, actor = _engine(model_dir, lora=EXAMPLE)
     assert torch.equal(_logits(engine), _logits(base))  # B = 0: the adapted MoE model is the base model
@@ -196,19 +194,9 @@ def _single_process(rank, world, model_dir, out_dir):
     assert len(drop_grads) == len(expert_adapters) and min(drop_grads.values()) > 0
 
     # checkpoint: a fresh LoRA engine (other initial adapters) restores this one's adapters and policy
-    ckpt = os.path.join(out_dir, "global_step_2", "actor")
-    engine.save_checkpoint(ckpt, global_step=2)
-    other, other_actor = _engine(model_dir, lora=dict(EXAMPLE, lora_B_init_method="kaiming"))
-    other.load_checkpoint(ckpt)
-    for name, p in other.module.named_parameters():
-        assert torch.equal(p.detach(), params[name].detach()), name
-    assert torch.equal(_log_probs(other_actor)[mask], lora_lp[mask])
-    # the model merger (last: it tears the model-parallel grid down) writes the merged weights
-    state = load_megatron_checkpoint(ckpt, engine.hf_config, value_head=False)
-    assert set(state) == set(exported)
-    for name, tensor in exported.items():
-        assert torch.allclose(state[name], tensor, atol=1e-7, rtol=0), name
-
+    assert_adapter_checkpoint_round_trip(
+        engine, lambda: _engine(model_dir, lora=dict(EXAMPLE, lora_B_init_method="kaiming")), _log_probs, out_dir,
+        params, lora_lp[mask], mask, exported)
 
 def test_expert_lora_starts_as_base_trains_adapters_only_and_exports_merged(tmp_path):
     model_dir = make_moe_dir(str(tmp_path / "model"), "qwen2_moe")
