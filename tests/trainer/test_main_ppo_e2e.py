@@ -233,6 +233,15 @@ def check_step_1_traces(profile):
     assert any(n and n.startswith("autograd::engine::evaluate_function") for n in update)  # its backward
     ref = trace_names(profile / "1/ref_compute_log_prob/prof_rank-0.pt.trace.json.gz")
     assert "aten::mm" in ref and not any(n and "Backward" in n for n in ref)  # forward only
+    # the picture docs/profiling.md shows: the worker call is the outermost slice, the rest nests inside it
+    from verl.utils.profiler.timeline import load_slices, main
+
+    slices = load_slices(str(profile / "1/actor_update/prof_rank-0.pt.trace.json.gz"))
+    outer = [e for e in slices if e["depth"] == 0]
+    assert [e["name"] for e in outer] == ["update_actor"] and max(e["depth"] for e in slices) >= 3
+    picture = profile / "actor_update.png"
+    assert main([str(profile / "1/actor_update/prof_rank-0.pt.trace.json.gz"), "--out", str(picture)]) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 SPLIT_SCRIPT = textwrap.dedent('''
