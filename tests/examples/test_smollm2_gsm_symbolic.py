@@ -76,8 +76,8 @@ def test_two_hour_script_runs_grpo_from_the_warm_start(tmp_path, fake_model):
     validate_ppo_config(cfg)
     assert cfg.actor_rollout_ref.model.path == str(sft_model)
     assert cfg.trainer.total_training_steps == 3  # the caller's override wins over GRPO_STEPS
-    assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.n == 4
-    assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6 and cfg.data.max_response_length == 64
+    assert cfg.data.train_batch_size == 16 and cfg.actor_rollout_ref.rollout.n == 8
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-5 and cfg.data.max_response_length == 64
     assert cfg.trainer.test_freq == 10 and cfg.trainer.val_before_train
     assert cfg.trainer.default_local_dir == str(tmp_path / "w-grpo")
 
