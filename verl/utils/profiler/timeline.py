@@ -42,10 +42,10 @@ def load_slices(path: str) -> list[dict]:
 
 
 def draw(slices: list[dict], out: str, depth: int = 6, title: str = "") -> None:
-    import matplotlib
+    import matplotlib  # optional heavy dependency: only drawing needs it (load_slices / longest_ranges do not)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt  # optional heavy dependency (see above), after the backend choice
 
     t0 = min(e["ts"] for e in slices)
     span_ms = max(e["ts"] + e["dur"] for e in slices) / 1e3 - t0 / 1e3
