@@ -12,7 +12,7 @@ from tests.compat.verl_examples import sweep
 
 # accepted + refused-hardware measured when this test was written (the goal: 95% of the launches); raise it as
 # keys are implemented, never lower it
-MIN_ACCEPTED_OR_HARDWARE = 121
+MIN_ACCEPTED_OR_HARDWARE = 122  # every launch verl itself accepts
 
 
 @pytest.fixture(scope="module")

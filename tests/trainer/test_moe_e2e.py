@@ -4,8 +4,10 @@
   the single-process update of the same global batch, with every expert, the router and attention moved;
 - the weight push splits the fused expert tensors into the checkpoint's per-expert names (checked against the
   files transformers writes);
-- ``main_ppo`` GRPO, 2 steps, ``rollout.name=vllm``: vLLM's log-probs of the sampled tokens equal the trainer's
-  after every weight push (``training/rollout_probs_diff_max`` <= 1e-3).
+- ``main_ppo`` GRPO, 2 steps, ``rollout.name=vllm`` with one expert-parallel engine over both workers
+  (``data_parallel_size=2``, ``expert_parallel_size=2``: each rank holds half of the experts, the agent loops run
+  their engine calls in rounds): vLLM's log-probs of the sampled tokens equal the trainer's after every weight
+  push (``training/rollout_probs_diff_max`` <= 1e-3), so the push reached every rank's experts.
 """
 
 import copy
@@ -122,7 +124,9 @@ def test_moe_grpo_vllm_rollout_matches_trainer(tmp_path):
         "actor_rollout_ref.actor.fsdp_config.dtype=fp32", "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.load_format=dummy",  # step 1 is only right if the first push happened
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        # one vLLM engine over both workers: two data-parallel ranks, each holding half of the experts
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.data_parallel_size=2",
+        "actor_rollout_ref.rollout.expert_parallel_size=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.rollout.max_num_seqs=64", "algorithm.use_kl_in_reward=False",
         f"custom_reward_function.path={tmp_path / 'reward.py'}", "trainer.logger=[console,file]",
@@ -137,6 +141,9 @@ def test_moe_grpo_vllm_rollout_matches_trainer(tmp_path):
                               stdout=log, stderr=subprocess.STDOUT, timeout=900)
     text = (run_dir / "log.txt").read_text()
     assert proc.returncode == 0, text[-6000:]
+    for rank in (0, 1):  # both workers are data-parallel ranks of one engine
+        assert f"[rollout] rank {rank}: vllm engine {rank} of 2, tensor_parallel_size=1, tensor rank 0, " \
+               f"data-parallel rank {rank} of 2 in one engine" in text, text[-4000:]
     steps = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)

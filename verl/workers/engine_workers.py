@@ -55,7 +55,7 @@ from verl.workers.engine import (MicroBatchSpec, TrainEngine, get_engine_cls)
 from verl.workers.engine.config import (EngineConfig, actor_engine_config, critic_engine_config,
                                         local_model_path, ref_engine_config)
 from verl.workers.rollout import get_rollout_class
-from verl.workers.rollout.engine_group import EngineGroupLeader, follow_engine_leader, new_engine_groups
+from verl.workers.rollout.engine_group import EngineGroupLeader, EngineRound, follow_engine_leader, new_engine_groups
 from verl.workers.rollout.layout import RolloutLayout, check_rollout_parallel, rollout_layout
 from verl.workers.rollout.utils import resolve_special_tokens
 from verl.workers.sharding_manager import FSDPRolloutShardingManager
@@ -174,14 +174,16 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
         self.tokenizer = self.generation_config = None
 
     def _declare_rollout_layout(self) -> RolloutLayout:
-        """This rank's place among the rollout engines (``rollout.tensor_model_parallel_size`` ranks each), declared
-        as the ``rollout`` dispatch mesh. Roles without a rollout count as engines of one rank."""
-        tp = 1
+        """This rank's place among the rollout engines (``rollout.tensor_model_parallel_size`` ranks each, and
+        ``rollout.data_parallel_size`` of them in one vLLM engine), declared as the ``rollout`` dispatch mesh.
+        Roles without a rollout count as engines of one rank."""
+        tp = engine_dp = 1
         if self._is_rollout:
-            tp = self.rollout_config.tensor_model_parallel_size
-            check_rollout_parallel(name=self.rollout_config.name, tp=tp, workers=dist.get_world_size(),
-                                   model_path=None)
-        layout = rollout_layout(dist.get_world_size(), dist.get_rank(), tp)
+            cfg = self.rollout_config
+            tp, engine_dp = cfg.tensor_model_parallel_size, cfg.data_parallel_size
+            check_rollout_parallel(name=cfg.name, tp=tp, dp=engine_dp, ep=cfg.expert_parallel_size,
+                                   workers=dist.get_world_size(), model_path=None)
+        layout = rollout_layout(dist.get_world_size(), dist.get_rank(), tp, engine_dp)
         self._register_dispatch_collect_info("rollout", dp_rank=layout.dp_rank, is_collect=layout.is_collect)
         return layout
 
@@ -229,10 +231,12 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
                 self.ref_engine = self._build_engine(ref_engine_config(dict(sections, ref=ref_cfg)))
                 self.ref_policy = DataParallelPPOActor(config=ref_cfg, engine=self.ref_engine)
         if self._is_rollout:
-            self._engine_group = (None, None)
+            self._engine_group, self._round_group = (None, None), None
+            # created on every rank, in the same order, before the engines create their own groups
             if self.rollout_layout.tp > 1:
-                # created on every rank, in the same order, before the engines create their own groups
                 self._engine_group = new_engine_groups(self.rollout_layout.all_groups())
+            if self.rollout_layout.engine_dp > 1:
+                self._round_group = new_engine_groups(self.rollout_layout.round_groups())[0]
             self._build_rollout()
 
     @property
@@ -260,8 +264,16 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
             raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={layout.tp} (this process: "
                                f"tensor rank {layout.tp_rank}) but the {name} engine runs tensor_parallel_size="
                                f"{engine_tp} with this process as tensor rank {engine_rank}")
+        engine_dp = (int(getattr(self.rollout, "engine_dp_size", 1)), int(getattr(self.rollout, "engine_dp_rank", 0)))
+        wanted_dp = (layout.engine_dp, layout.dp_rank % layout.engine_dp)
+        if engine_dp != wanted_dp:
+            raise RuntimeError(f"actor_rollout_ref.rollout.data_parallel_size={layout.engine_dp} (this process: "
+                               f"data-parallel rank {wanted_dp[1]}) but the {name} engine runs data_parallel_size="
+                               f"{engine_dp[0]} with this process as data-parallel rank {engine_dp[1]}")
         print(f"[rollout] rank {dist.get_rank()}: {name} engine {layout.dp_rank} of {layout.dp}, "
-              f"tensor_parallel_size={engine_tp}, tensor rank {engine_rank}", flush=True)
+              f"tensor_parallel_size={engine_tp}, tensor rank {engine_rank}"
+              + (f", data-parallel rank {engine_dp[1]} of {engine_dp[0]} in one engine" if engine_dp[0] > 1 else ""),
+              flush=True)
         if engine is not None:
             stats: dict = {}
             push = self._push_mode(engine)
@@ -287,7 +299,9 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
         rollout's tensor-parallel size, no LoRA, an engine that takes pieces): each rank hands over its own shard.
         Otherwise ``full``: full tensors gathered in buckets, each engine rank's loaders keep their slice."""
         train_tp = int(getattr(engine, "tensor_parallel_size", 1))
+        # (an engine with data parallelism holds only its share of the experts: full tensors, its loaders pick)
         if (train_tp > 1 and train_tp == self.rollout_layout.tp and not self._is_lora
+                and self.rollout_layout.engine_dp == 1
                 and hasattr(self.rollout, "vocab_shard_range")
                 and dist.get_process_group_ranks(engine.layout.tp_group) == self.rollout_layout.group_ranks):
             return "tp_pieces"
@@ -344,9 +358,14 @@ class ActorRolloutRefWorker(EngineCheckpointMixin, Worker, DistProfilerExtension
             follow_engine_leader(self.rollout, group, leader)
             return DataProto(meta_info=dict(prompts.meta_info))
         if getattr(self, "_agent_loop_worker", None) is None:
-            self._engine_leader = None if group is None else EngineGroupLeader(self.rollout, group, leader)
-            self._agent_loop_worker = load_class(self._agent_loop_cls)(self.config, self._engine_leader or self.rollout,
-                                                      self.tokenizer, run_names=self._run_names)
+            # what the agent loop calls: the engine, its tensor ranks following (tp > 1), in rounds with the other
+            # data-parallel ranks of a vLLM engine (data_parallel_size > 1)
+            engine = self.rollout if group is None else EngineGroupLeader(self.rollout, group, leader)
+            if self._round_group is not None:
+                engine = EngineRound(engine, self._round_group)
+            self._engine_leader = engine if engine is not self.rollout else None
+            self._agent_loop_worker = load_class(self._agent_loop_cls)(self.config, engine, self.tokenizer,
+                                                                       run_names=self._run_names)
         try:
             return self._agent_loop_worker.generate_sequences(prompts)
         finally:

@@ -1,8 +1,10 @@
 """verl's Megatron command line with a mixture-of-experts model and expert parallel on CPU: ``main_ppo
 --config-name=ppo_megatron_trainer``, GRPO, 2 steps, two processes, EP=2 (each holds 2 of the 4 experts of the
-embedded tiny Qwen3-MoE), vLLM rollout, fp32. After every weight push (per-expert HF tensors broadcast from the
-expert-parallel rank that holds them) vLLM's log-probs of the sampled tokens equal the trainer's
-(``training/rollout_probs_diff_max`` <= 1e-3). About 2-3 minutes on a 2-core machine (two vLLM engines start)."""
+embedded tiny Qwen3-MoE), fp32, and the rollout laid out like verl's expert-parallel examples: one vLLM engine over
+both processes (``rollout.data_parallel_size=2``, ``expert_parallel_size=2``, each engine rank holding 2 of the
+experts), batch generation (``rollout.mode=sync``). After every weight push (per-expert HF tensors broadcast from
+the training rank that holds them, each engine rank keeping its own experts) vLLM's log-probs of the sampled tokens
+equal the trainer's (``training/rollout_probs_diff_max`` <= 1e-3). About 2-3 minutes on a 2-core machine."""
 
 import importlib.util
 import json
@@ -48,7 +50,8 @@ def test_megatron_moe_ep2_grpo_vllm_in_sync(tmp_path):
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.load_format=dummy",  # step 1 is only right if the first push happened
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.data_parallel_size=2",
+        "actor_rollout_ref.rollout.expert_parallel_size=2", "actor_rollout_ref.rollout.mode=sync",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.rollout.max_num_seqs=64", "algorithm.use_kl_in_reward=False",
         f"custom_reward_function.path={tmp_path / 'reward.py'}", "trainer.logger=[console,file]",
@@ -63,6 +66,7 @@ def test_megatron_moe_ep2_grpo_vllm_in_sync(tmp_path):
                               stdout=log, stderr=subprocess.STDOUT, timeout=900)
     text = (run_dir / "log.txt").read_text()
     assert proc.returncode == 0, text[-6000:]
+    assert "data-parallel rank 1 of 2 in one engine" in text, text[-4000:]
     steps = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)

@@ -54,6 +54,41 @@ def test_two_workers_in_engines_of_one():
     assert layouts[1].all_groups() == [[0], [1]]
 
 
+def test_eight_workers_in_vllm_engines_of_two_data_parallel_ranks_of_two():
+    """tp=2, data_parallel_size=2: replicas of 4 ranks; dispatch still goes to the 4 tensor-parallel groups, and
+    each replica's request-level leaders are its tensor-rank-0 processes."""
+    layouts = [rollout_layout(8, rank, 2, engine_dp=2) for rank in range(8)]
+    assert [lay.dp for lay in layouts] == [4] * 8  # dispatch mesh: one data-parallel rank per tensor group
+    assert [lay.dp_rank for lay in layouts] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [lay.replica_size for lay in layouts] == [4] * 8
+    assert [lay.replica_rank for lay in layouts] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [lay.dp_rank % lay.engine_dp for lay in layouts] == [0, 0, 1, 1, 0, 0, 1, 1]  # vLLM's own dp rank
+    assert layouts[5].round_groups() == [[0, 2], [4, 6]]
+    assert rollout_layout(4, 0, 1, engine_dp=2).round_groups() == [[0, 1], [2, 3]]
+    assert rollout_layout(4, 0, 2).round_groups() == [[0], [2]]  # without engine data parallelism: one each
+    with pytest.raises(ValueError, match=r"data_parallel_size=4 x .*tensor_model_parallel_size=2 must divide .* \(4\)"):
+        rollout_layout(4, 0, 2, engine_dp=4)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(name="hf", tp=1, dp=2, ep=2, workers=2), r"data_parallel_size=2 / .*expert_parallel_size=2 with "
+                                                   r".*rollout\.name=hf: .*use actor_rollout_ref\.rollout\.name=vllm"),
+    (dict(name="vllm", tp=1, dp=4, ep=2, workers=4), r"expert_parallel_size=2 must equal .* = 1 x 4 = 4"),
+    (dict(name="vllm", tp=2, dp=1, ep=4, workers=4), r"expert_parallel_size=4 must equal .* = 2 x 1 = 2"),
+    (dict(name="vllm", tp=1, dp=4, ep=4, workers=6), r"= 1 x 4 = 4 \(ranks per vLLM engine\) must divide .* = 6"),
+    (dict(name="vllm", tp=1, dp=0, ep=1, workers=2), r"data_parallel_size=0 .* must be >= 1"),
+])
+def test_engine_data_and_expert_parallel_checks(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        check_rollout_parallel(model_path=None, **kwargs)
+
+
+@pytest.mark.parametrize("tp, dp, ep, workers", [(1, 2, 2, 2), (1, 4, 4, 16), (2, 2, 4, 8), (2, 1, 2, 2),
+                                                 (1, 2, 1, 4)])
+def test_accepted_engine_data_and_expert_parallel(tp, dp, ep, workers):
+    check_rollout_parallel(name="vllm", tp=tp, dp=dp, ep=ep, workers=workers, model_path=None)
+
+
 def test_layout_is_a_frozen_value():
     lay = rollout_layout(4, 3, "2")  # a string from a config is taken as the int it spells
     assert lay == RolloutLayout(world_size=4, rank=3, tp=2)
@@ -381,6 +416,22 @@ def test_validator_refuses_engine_sizes_that_do_not_fit(assets, vllm_found):
                         check_files=False)
     plan = validate_ppo_config(_validated_config(assets, "actor_rollout_ref.rollout.name=vllm", f"{KEY}=2"))
     assert plan.n_gpus == 4
+
+
+def test_validator_takes_engine_data_and_expert_parallel_for_vllm(assets, vllm_found):
+    dp, ep = "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size"
+    vllm = ("actor_rollout_ref.rollout.name=vllm", f"{KEY}=1")
+    plan = validate_ppo_config(_validated_config(assets, *vllm, f"{dp}=2", f"{ep}=2"))
+    assert plan.n_gpus == 4
+    validate_ppo_config(_validated_config(assets, *vllm, f"{dp}=4", f"{ep}=4"))
+    with pytest.raises(ConfigError, match=rf"{ep}=4 must equal .* = 1 x 2 = 2"):
+        validate_ppo_config(_validated_config(assets, *vllm, f"{dp}=2", f"{ep}=4"))
+    with pytest.raises(ConfigError, match=r"= 1 x 8 = 8 \(ranks per vLLM engine\) must divide"):
+        validate_ppo_config(_validated_config(assets, *vllm, f"{dp}=8", f"{ep}=8"))
+    with pytest.raises(ConfigError, match=rf"{dp}=2 / .* with actor_rollout_ref.rollout.name=hf"):
+        validate_ppo_config(_validated_config(assets, "actor_rollout_ref.rollout.name=hf", f"{KEY}=1", f"{dp}=2"))
+    with pytest.raises(ConfigError, match=r"pipeline_model_parallel_size=2 is not supported"):
+        validate_ppo_config(_validated_config(assets, *vllm, "actor_rollout_ref.rollout.pipeline_model_parallel_size=2"))
 
 
 MEGATRON_TP2_PP2 = ["actor_rollout_ref.rollout.name=hf", f"{KEY}=1",

@@ -130,6 +130,13 @@ def test_factory_and_engine_kwargs():
     assert kw["tensor_parallel_size"] == 2 and kw["distributed_executor_backend"] == "external_launcher"
     tp1 = build_engine_kwargs(rollout_cfg(), "/m", on_cpu=True)
     assert tp1["tensor_parallel_size"] == 1 and tp1["distributed_executor_backend"] == "uni"
+    assert tp1["data_parallel_size"] == 1 and tp1["enable_expert_parallel"] is False
+    # data / expert parallelism inside one engine: the engine spans tp x dp worker processes
+    ep = build_engine_kwargs(rollout_cfg(data_parallel_size=2, expert_parallel_size=2), "/m", on_cpu=True)
+    assert (ep["tensor_parallel_size"], ep["data_parallel_size"], ep["enable_expert_parallel"],
+            ep["distributed_executor_backend"]) == (1, 2, True, "external_launcher")
+    dp_only = build_engine_kwargs(rollout_cfg(data_parallel_size=2), "/m", on_cpu=True)
+    assert dp_only["data_parallel_size"] == 2 and dp_only["enable_expert_parallel"] is False
     with pytest.raises(ValueError, match="tensor_model_parallel_size"):
         build_engine_kwargs(rollout_cfg(tensor_model_parallel_size=0), "/m", on_cpu=True)
     assert kw["logprobs_mode"] == "processed_logprobs" and kw["dtype"] == "float32"
@@ -140,6 +147,25 @@ def test_factory_and_engine_kwargs():
     ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     assert prompt_token_id_lists(ids, mask) == [[5, 6], [7, 8, 9, 10]]
+
+
+def test_replica_rank_env(monkeypatch):
+    """While an engine of several worker processes is built, RANK is the rank inside that engine (vLLM derives
+    the engine's data-parallel rank from it), and afterwards what it was."""
+    from verl.utils import vllm_utils
+
+    monkeypatch.setattr(vllm_utils.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(vllm_utils.dist, "get_rank", lambda: 6)
+    monkeypatch.setenv("RANK", "6")
+    with vllm_utils.replica_rank_env(4):
+        assert os.environ["RANK"] == "2"
+    assert os.environ["RANK"] == "6"
+    with vllm_utils.replica_rank_env(1):
+        assert os.environ["RANK"] == "6"
+    monkeypatch.delenv("RANK")
+    with vllm_utils.replica_rank_env(4):
+        assert os.environ["RANK"] == "2"
+    assert "RANK" not in os.environ
 
 
 def test_engine_stream_casts_and_adds_tied_lm_head():

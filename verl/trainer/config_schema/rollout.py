@@ -16,8 +16,9 @@ from verl.workers.rollout import rollout_names
 ROLLOUT_NAMES = Registered(rollout_names)  # hf, vllm, sglang and every name given to register_rollout
 ROLLOUT_MODES = ("sync", "async")
 GPU_ONLY = "no effect (GPU engines only)"
-NO_ENGINE_PARALLEL = ("the engines' data parallelism is the workers / rollout.tensor_model_parallel_size; "
-                      "engine-internal data / expert / pipeline parallelism is not available; use 1")
+NO_ENGINE_PARALLEL = ("pipeline parallelism inside a rollout engine is not available (vLLM runs it only with its "
+                      "own process launcher); use 1, and rollout.tensor_model_parallel_size / data_parallel_size "
+                      "for larger engines")
 AGENT_LOOP = "verl/experimental/agent_loop/"  # where the multi-turn / agent keys are read
 TRUNCATE_SIDES = ("left", "middle", "right")
 TOKEN_IN_OUT = "the agent loop keeps the exact sampled token ids (token in, token out) and never re-tokenises a turn"
@@ -170,8 +171,13 @@ class RolloutConfig(Section):
     tensor_model_parallel_size: int = key(2, "ranks per engine: the workers form workers / this engines (must divide "
                                              "the workers and the model's heads; hf: 1; unset: 1 for hf and on CPU)",
                                           ge=1, read_in=(VLLM, SGLANG, WORKERS))
-    data_parallel_size: int = key(1, "engine data parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
-    expert_parallel_size: int = key(1, "engine expert parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
+    data_parallel_size: int = key(1, "vLLM data-parallel ranks per engine: tensor_model_parallel_size x this ranks "
+                                     "form one engine whose ranks schedule their own prompts and run each forward "
+                                     "together (for expert parallelism); 1: engines of tensor_model_parallel_size "
+                                     "ranks", ge=1, read_in=(VLLM, WORKERS))
+    expert_parallel_size: int = key(1, "vLLM expert parallelism: 1, or tensor_model_parallel_size x "
+                                       "data_parallel_size (the MoE experts spread over every rank of the engine)",
+                                    ge=1, read_in=(VLLM, WORKERS))
     pipeline_model_parallel_size: int = key(1, "engine pipeline parallel size", ge=1, unsupported=NO_ENGINE_PARALLEL)
     max_num_batched_tokens: int = key(8192, "vLLM scheduler token budget", ge=1, read_in=(VLLM,))
     max_model_len: Optional[int] = key(None, "engine context length (null: prompt + response length)", ge=1,

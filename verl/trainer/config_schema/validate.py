@@ -480,9 +480,11 @@ def validate_ppo_config(config: DictConfig, check_files: bool = True) -> PPOPlan
     trainer = typed.trainer
     n_gpus = _int("trainer.nnodes", trainer.nnodes) * _int("trainer.n_gpus_per_node", trainer.n_gpus_per_node)
     try:
+        rollout = typed.actor_rollout_ref.rollout
         check_rollout_parallel(name=rollout_name,
-                               tp=_int(f"{AR}.rollout.tensor_model_parallel_size",
-                                       typed.actor_rollout_ref.rollout.tensor_model_parallel_size),
+                               tp=_int(f"{AR}.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
+                               dp=_int(f"{AR}.rollout.data_parallel_size", rollout.data_parallel_size),
+                               ep=_int(f"{AR}.rollout.expert_parallel_size", rollout.expert_parallel_size),
                                workers=n_gpus,
                                model_path=typed.actor_rollout_ref.model.path if check_files else None)
         check_rollout_architecture(name=rollout_name, device=device,

