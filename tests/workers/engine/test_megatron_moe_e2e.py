@@ -1,10 +1,12 @@
-"""verl's Megatron command line with a mixture-of-experts model and expert parallel on CPU: ``main_ppo
+"""verl's Megatron command line with a mixture-of-experts model, expert parallel and LoRA on CPU: ``main_ppo
 --config-name=ppo_megatron_trainer``, GRPO, 2 steps, two processes, EP=2 (each holds 2 of the 4 experts of the
-embedded tiny Qwen3-MoE), fp32, and the rollout laid out like verl's expert-parallel examples: one vLLM engine over
-both processes (``rollout.data_parallel_size=2``, ``expert_parallel_size=2``, each engine rank holding 2 of the
-experts), batch generation (``rollout.mode=sync``). After every weight push (per-expert HF tensors broadcast from
-the training rank that holds them, each engine rank keeping its own experts) vLLM's log-probs of the sampled tokens
-equal the trainer's (``training/rollout_probs_diff_max`` <= 1e-3). About 2-3 minutes on a 2-core machine."""
+embedded tiny Qwen3-MoE), verl's Qwen3-MoE LoRA example keys (``model.lora.rank=32``, ``alpha=64``, kaiming A:
+adapters on attention and every expert), fp32, and the rollout laid out like verl's expert-parallel examples: one
+vLLM engine over both processes (``rollout.data_parallel_size=2``, ``expert_parallel_size=2``, each engine rank
+holding 2 of the experts), batch generation (``rollout.mode=sync``). After every weight push (merged per-expert HF
+tensors broadcast from the training rank that holds them, each engine rank keeping its own experts) vLLM's
+log-probs of the sampled tokens equal the trainer's (``training/rollout_probs_diff_max`` <= 1e-3); the step-2 push
+carries the first update, which moved the adapters only. About 30 s on a 2-core machine."""
 
 import importlib.util
 import json
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from verl.models.mcore.lora import LORA_FILE
 from verl.utils.embedded.moe import make_moe_model_dir
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,6 +50,8 @@ def test_megatron_moe_ep2_grpo_vllm_in_sync(tmp_path):
         "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.model.lora.rank=32", "actor_rollout_ref.model.lora.alpha=64",
+        "actor_rollout_ref.model.lora.lora_A_init_method=kaiming",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.rollout.load_format=dummy",  # step 1 is only right if the first push happened
@@ -56,7 +61,7 @@ def test_megatron_moe_ep2_grpo_vllm_in_sync(tmp_path):
         "actor_rollout_ref.rollout.max_num_seqs=64", "algorithm.use_kl_in_reward=False",
         f"custom_reward_function.path={tmp_path / 'reward.py'}", "trainer.logger=[console,file]",
         "trainer.val_before_train=False", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
-        "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.total_training_steps=2",
+        "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.total_training_steps=2",
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
                TOKENIZERS_PARALLELISM="false", VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
@@ -77,3 +82,6 @@ def test_megatron_moe_ep2_grpo_vllm_in_sync(tmp_path):
         assert m["training/rollout_probs_diff_max"] <= 1e-3, (step, m["training/rollout_probs_diff_max"])
         assert m["response_length/mean"] > 0
     assert any(m.get("actor/grad_norm", 0) > 0 for m in steps.values())
+    # the actor trained adapters: its checkpoint records the LoRA settings the model merger rebuilds them from
+    saved = list(run_dir.glob(f"checkpoints/*/*/global_step_2/actor/**/{LORA_FILE}"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["rank"] == 32, saved
