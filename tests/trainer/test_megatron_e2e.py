@@ -6,6 +6,7 @@ before any worker starts, naming the key."""
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,26 @@ def _tiny_model(a):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(a["model"])
+
+
+def _reward_model_dir(a, out):
+    """The tiny model as a sequence classifier (num_labels=1) with a random score head, saved with its tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(a["model"], num_labels=1)
+    config.architectures = [config.architectures[0].replace("ForCausalLM", "ForSequenceClassification")]
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_config(config)
+    rm.model.load_state_dict(AutoModelForCausalLM.from_pretrained(a["model"]).model.state_dict())
+    torch.nn.init.normal_(rm.score.weight, std=1.0)
+    rm.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (Path(a["model"]) / name).exists():
+            shutil.copy(Path(a["model"]) / name, out / name)
+    return out
 
 
 def _in_sync(metrics, steps):
@@ -78,9 +99,17 @@ def test_megatron_ppo_with_megatron_critic(assets, tmp_path):  # noqa: F811
     args = _megatron_args(assets, 2, 1, "algorithm.adv_estimator=gae", f"critic.model.path={assets['model']}",
                           "critic.optim.lr=1e-3", "critic.ppo_micro_batch_size_per_gpu=8",
                           "critic.model.fsdp_config.dtype=fp32", "critic.model.fsdp_config.model_dtype=fp32",
-                          "actor_rollout_ref.rollout.mode=sync", rollout_tp=2)
+                          "actor_rollout_ref.rollout.mode=sync",
+                          "reward_model.enable=True", "reward_model.strategy=megatron",
+                          f"reward_model.model.path={_reward_model_dir(assets, tmp_path / 'rm')}",
+                          "reward_model.micro_batch_size_per_gpu=8",
+                          "reward_model.megatron.tensor_model_parallel_size=2",
+                          rollout_tp=2)
     run = tmp_path / "ppo"
     metrics = run_main(run, args)
+    # the scores are the reward model's: the rule function gives digit fractions in [0, 1], the classifier's
+    # random head gives scores of either sign
+    assert any(m["critic/score/min"] < 0 for m in metrics.values()), metrics
     _in_sync(metrics, range(1, STEPS + 1))
     assert "[rollout] weight push: tp_pieces" in (run / "log.txt").read_text()
     full_model_bytes = 4 * sum(p.numel() for p in _tiny_model(assets).parameters())  # fp32, tied output layer

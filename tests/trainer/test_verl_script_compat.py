@@ -204,6 +204,14 @@ def test_megatron_optimizer_fields_and_scheduler_keys_of_verl_scripts(assets):
      "attention_backend='flashy' is not one of flash, fused, unfused, local, auto"),
     (("actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2"),
      "differs from actor_rollout_ref.actor.megatron"),
+    (("algorithm.adv_estimator=gae", "critic.megatron.tensor_model_parallel_size=2"),
+     "critic.megatron (tp, pp, ep, etp) = (2, 1, 1, 2) differs from actor_rollout_ref.actor.megatron (1, 1, 1, 1): "
+     "the critic is built in the actor's processes"),
+    (("reward_model.enable=True", "reward_model.strategy=megatron", "reward_model.model.path=${actor_rollout_ref.model.path}",
+      "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"),
+     "use the same sizes (reward_model.megatron.tensor_model_parallel_size=2 "
+     "reward_model.megatron.expert_tensor_parallel_size=2), or give it processes of its own with "
+     "reward_model.enable_resource_pool=True"),
     (("actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",),
      "has no experts; expert parallelism needs a mixture-of-experts model"),
     (("+actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=True",),

@@ -124,14 +124,29 @@ def check_megatron_config(config, check_files: bool = True, typed: PPOTrainerCon
             except ValueError as e:
                 raise ConfigError(f"{e} (model {path_key}={path})") from None
     if actor_megatron and _ref_used(typed) and ar.ref.strategy == "megatron":
-        actor_meg, ref_meg = _section_dict(ar.actor.megatron), _section_dict(ar.ref.megatron)
-        a = _sizes(actor_meg) + _expert_sizes(actor_meg)
-        r = _sizes(ref_meg) + _expert_sizes(ref_meg)
-        if a != r:
-            raise ConfigError(f"{AR}.ref.megatron (tp, pp, ep, etp) = {r} differs from {AR}.actor.megatron {a}: the "
-                              "reference shares the actor's processes; use the same sizes")
+        _check_same_grid(typed, f"{AR}.ref", ar.ref.megatron, "the reference shares the actor's processes")
+    if actor_megatron and _critic_used(typed) and typed.critic.strategy == "megatron":
+        _check_same_grid(typed, "critic", typed.critic.megatron,
+                         "the critic is built in the actor's processes (one Megatron grid per process)")
     if typed.reward_model.enable and typed.reward_model.strategy == "megatron":
         _check_megatron_reward_model(typed, check_files)
+
+
+def _grid(meg) -> tuple[int, int, int, int]:
+    meg = _section_dict(meg)
+    return _sizes(meg) + _expert_sizes(meg)
+
+
+def _check_same_grid(typed: PPOTrainerConfig, prefix: str, meg, why: str, fix: str = "") -> None:
+    """A Megatron role that shares the actor's processes must use the actor's (tp, pp, ep, etp): megatron-core
+    holds one parallel grid per process."""
+    a, r = _grid(typed.actor_rollout_ref.actor.megatron), _grid(meg)
+    if a != r:
+        names = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                 "expert_tensor_parallel_size")
+        wanted = " ".join(f"{prefix}.megatron.{n}={v}" for n, v, mine in zip(names, a, r) if v != mine)
+        raise ConfigError(f"{prefix}.megatron (tp, pp, ep, etp) = {r} differs from {AR}.actor.megatron {a}: {why}; "
+                          f"use the same sizes ({wanted}){fix}")
 
 
 def _check_router_replay(typed: PPOTrainerConfig, check_files: bool) -> None:
@@ -176,6 +191,10 @@ def _check_megatron_reward_model(typed: PPOTrainerConfig, check_files: bool) -> 
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _check_dist_checkpoint(meg, f"{prefix}.megatron", check_files)
+    if not rm.enable_resource_pool:
+        _check_same_grid(typed, prefix, rm.megatron, "the reward model is built in the actor's processes (one "
+                         "Megatron grid per process)", ", or give it processes of its own with "
+                         "reward_model.enable_resource_pool=True")
     tp, pp = _sizes(meg)
     pool = typed.reward_model if rm.enable_resource_pool else typed.trainer
     n_procs = int(pool.n_gpus_per_node) * int(pool.nnodes)
