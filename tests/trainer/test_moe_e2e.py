@@ -12,11 +12,9 @@
 
 import copy
 import importlib.util
-import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,9 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "workers", "actor"))
+sys.path.insert(0, os.path.dirname(__file__))
 from engine_testlib import make_batch, run_distributed  # noqa: E402
+from test_main_ppo_vllm import REWARD_PY, run_main  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.embedded.moe import build_moe_model, make_moe_model_dir  # noqa: E402
@@ -97,12 +97,6 @@ def test_unfused_expert_names_and_values_match_the_checkpoint(tmp_path):
         assert torch.equal(pushed[name], tensor), name
 
 
-REWARD_PY = textwrap.dedent('''
-    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-        return sum(ch.isdigit() for ch in solution_str) / max(1, len(solution_str))
-''')
-
-
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
@@ -114,7 +108,6 @@ def test_moe_grpo_vllm_rollout_matches_trainer(tmp_path):
     (tmp_path / "reward.py").write_text(REWARD_PY)
     model = make_moe_model_dir(str(tmp_path / "moe"), seed=0)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
     args = [
         "algorithm.adv_estimator=grpo", f"data.train_files={data / 'train.parquet'}",
         f"data.val_files={data / 'test.parquet'}", "data.train_batch_size=8", "data.max_prompt_length=48",
@@ -133,22 +126,11 @@ def test_moe_grpo_vllm_rollout_matches_trainer(tmp_path):
         "trainer.val_before_train=False", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
         "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.total_training_steps=2",
     ]
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
-               TOKENIZERS_PARALLELISM="false", VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
-               PYTHONUNBUFFERED="1", VLLM_CPU_KVCACHE_SPACE="1")
-    with open(run_dir / "log.txt", "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=run_dir, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, timeout=900)
+    steps = run_main(run_dir, args)
     text = (run_dir / "log.txt").read_text()
-    assert proc.returncode == 0, text[-6000:]
     for rank in (0, 1):  # both workers are data-parallel ranks of one engine
         assert f"[rollout] rank {rank}: vllm engine {rank} of 2, tensor_parallel_size=1, tensor rank 0, " \
                f"data-parallel rank {rank} of 2 in one engine" in text, text[-4000:]
-    steps = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "data" in record:
-            steps.setdefault(record["step"], {}).update(record["data"])
     assert sorted(steps) == [1, 2]
     for step, m in steps.items():
         assert m["training/rollout_probs_diff_max"] <= 1e-3, (step, m["training/rollout_probs_diff_max"])

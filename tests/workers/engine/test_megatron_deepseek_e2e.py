@@ -11,14 +11,13 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_megatron_moe_e2e import REPO, REWARD_PY  # noqa: E402
+from test_megatron_moe_e2e import assert_in_sync_two_steps, megatron_grpo_args, run_main  # noqa: E402
 
 from verl.utils.embedded.moe import make_moe_model_dir  # noqa: E402
 
@@ -45,44 +44,6 @@ def _deepseek_dir(tmp_path: Path) -> Path:
 @pytest.mark.e2e
 @pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")
 def test_megatron_deepseek_ep2_grpo_hf_rollout_in_sync(tmp_path):
-    data = tmp_path / "data"
-    subprocess.run([sys.executable, str(REPO / "examples/data_preprocess/arithmetic.py"), "--local_dir", str(data),
-                    "--train_size", "32", "--test_size", "8"], check=True, cwd=REPO,
-                   env=dict(os.environ, PYTHONPATH=str(REPO)))
-    (tmp_path / "reward.py").write_text(REWARD_PY)
-    model = _deepseek_dir(tmp_path)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    args = [
-        "--config-name=ppo_megatron_trainer",
-        "algorithm.adv_estimator=grpo", f"data.train_files={data / 'train.parquet'}",
-        f"data.val_files={data / 'test.parquet'}", "data.train_batch_size=8", "data.max_prompt_length=48",
-        "data.max_response_length=16", f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
-        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
-        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "algorithm.use_kl_in_reward=False",
-        f"custom_reward_function.path={tmp_path / 'reward.py'}", "trainer.logger=[console,file]",
-        "trainer.val_before_train=False", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
-        "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.total_training_steps=2",
-    ]
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled",
-               TOKENIZERS_PARALLELISM="false", VERL_FILE_LOGGER_PATH=str(run_dir / "metrics.jsonl"),
-               PYTHONUNBUFFERED="1")
-    with open(run_dir / "log.txt", "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *args], cwd=run_dir, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, timeout=900)
-    text = (run_dir / "log.txt").read_text()
-    assert proc.returncode == 0, text[-6000:]
-    steps = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "data" in record:
-            steps.setdefault(record["step"], {}).update(record["data"])
-    assert sorted(steps) == [1, 2]
-    for step, m in steps.items():
-        assert m["training/rollout_probs_diff_max"] <= 1e-3, (step, m["training/rollout_probs_diff_max"])
-        assert m["response_length/mean"] > 0
-    assert any(m.get("actor/grad_norm", 0) > 0 for m in steps.values())
+    steps = run_main(tmp_path / "run", megatron_grpo_args(tmp_path, _deepseek_dir(tmp_path),
+                                                          "actor_rollout_ref.rollout.name=hf"))
+    assert_in_sync_two_steps(steps)
