@@ -13,7 +13,8 @@ Engine settings (``actor_rollout_ref.rollout.*``): ``dtype``, ``prompt_length + 
 (GPU: sleep/wake around generation), ``logprobs_mode``, ``engine_kwargs.vllm`` (passed to ``vllm.LLM``
 last, so it can override anything), ``tensor_model_parallel_size`` x ``data_parallel_size`` (the worker processes one
 engine spans; with ``expert_parallel_size`` = their product a MoE model's experts are spread over them). CPU only:
-``cpu_kv_cache_space_gb`` (if the config has the key; else ``VLLM_CPU_KVCACHE_SPACE``; else 1 GiB) and ``num_threads`` (else ``torch.get_num_threads()``).
+``cpu_kv_cache_space_gb`` (if the config has the key; else ``VLLM_CPU_KVCACHE_SPACE``; else 1 GiB) and
+``num_threads`` (else ``torch.get_num_threads()``).
 
 ``rollout_log_probs``: the engine runs with ``logprobs_mode="processed_logprobs"`` so the logprob it reports
 for a sampled token is ``log_softmax(logits / temperature)`` -- the same quantity the trainer's
